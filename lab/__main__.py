@@ -1,0 +1,73 @@
+"""`python -m lab`: start, stop, list and enter lab hosts (run as root; see lab/hosts.py).
+
+python -m lab up NAME --topology reference [--mode netns|nspawn] [--replace]
+python -m lab down NAME | --all
+python -m lab status
+python -m lab ssh NAME [CMD...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import cast
+
+from lab import fakesys, hosts, root
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lab", description="pvegpu lab hosts")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a host (overlay root, fake sysfs, sshd) and wait for its sshd")
+    up.add_argument("name")
+    up.add_argument("--topology", required=True, choices=sorted(fakesys.TOPOLOGIES))
+    up.add_argument(
+        "--mode",
+        default="netns",
+        choices=hosts.MODES,
+        help="netns: sshd only, fake sysfs at /sys; nspawn: real systemd, fake sysfs at /opt/fakesys",
+    )
+    up.add_argument("--replace", action="store_true", help="stop a host of the same name first")
+    down = commands.add_parser("down", help="stop hosts and remove everything they left")
+    which = down.add_mutually_exclusive_group(required=True)
+    which.add_argument("name", nargs="?")
+    which.add_argument("--all", action="store_true")
+    commands.add_parser("status", help="list the lab's hosts")
+    ssh = commands.add_parser("ssh", help="run a command on a host (or a shell), host key checked")
+    ssh.add_argument("name")
+    ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _describe(host: hosts.LabHost) -> str:
+    state = "up" if host.is_alive() else "DEAD (python -m lab down " + host.name + ")"
+    return (
+        f"{host.name}\t{state}\t{host.mode}\troot@{host.address}\ttopology={host.topology}\t"
+        f"sysfs_root={host.sysfs_root}\tcmdline_path={host.cmdline_path}\troot={host.root}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "up":
+            host = hosts.up(args.name, args.topology, cast(hosts.Mode, args.mode), replace=args.replace)
+            print(_describe(host))
+        elif args.command == "down":
+            names = hosts.down_all() if args.all else [args.name] if hosts.down(args.name) else []
+            print("stopped: " + (" ".join(names) or "nothing"))
+        elif args.command == "status":
+            for host in hosts.list_hosts():
+                print(_describe(host))
+        else:
+            argv_ssh = hosts.ssh_argv(hosts.get_host(args.name), *args.cmd)
+            os.execvp(argv_ssh[0], argv_ssh)
+    except (hosts.LabError, root.RootBuildError) as error:
+        print(f"lab: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

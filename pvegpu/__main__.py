@@ -1,0 +1,5 @@
+"""`python -m pvegpu` runs the `pvegpu` command line."""
+
+from pvegpu.cli import main
+
+main(prog_name="pvegpu")

@@ -1,0 +1,1 @@
+"""Data shapes: pydantic specs for what operators declare, frozen dataclasses for what hosts are."""

@@ -1,0 +1,61 @@
+"""How a host boots, as observed: which bootloader owns the kernel command line, and the Proxmox release.
+
+Plain frozen data: no parsing, no I/O (the facts in `pvegpu.facts.boot` fill these).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+
+class BootLoaderKind(Enum):
+    """Which bootloader the next boot uses, so which file holds the kernel command line.
+
+    GRUB: `/etc/default/grub` (+ `grub.d/*.cfg`). SYSTEMD_BOOT: `/etc/kernel/cmdline`, copied to the ESPs by
+    `proxmox-boot-tool refresh`. UNKNOWN: the evidence did not decide; nothing may be written.
+    """
+
+    GRUB = "grub"
+    SYSTEMD_BOOT = "systemd-boot"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class BootLoaderInfo:
+    """The detected bootloader and what it was detected from.
+
+    `esp_uuids` are the ESPs listed in /etc/kernel/proxmox-boot-uuids (empty: not managed by
+    proxmox-boot-tool). `evidence` holds one sentence per observation, in the order they were weighed.
+    """
+
+    kind: BootLoaderKind
+    esp_uuids: tuple[str, ...]
+    kernel_cmdline_file: bool
+    evidence: tuple[str, ...]
+
+    @property
+    def managed_by_proxmox_boot_tool(self) -> bool:
+        """True when `proxmox-boot-tool refresh` (not a bare `update-grub`) must apply a change."""
+        return bool(self.esp_uuids)
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-able form; pyinfra's `fact` command prints facts through `to_json`."""
+        return {**asdict(self), "kind": self.kind.value}
+
+
+@dataclass(frozen=True)
+class PveRelease:
+    """`pveversion`: `pve-manager/8.2.4/faa83925c9641325 (running kernel: 6.8.12-1-pve)`."""
+
+    manager_version: str
+    build: str
+    running_kernel: str
+
+    @property
+    def major(self) -> int:
+        return int(self.manager_version.split(".", 1)[0])
+
+    def to_json(self) -> dict[str, object]:
+        """JSON-able form; pyinfra's `fact` command prints facts through `to_json`."""
+        return asdict(self)

@@ -1,0 +1,272 @@
+"""What an operator declares about a node: pydantic specs, validated before any host is touched.
+
+Inventory host data carries one namespaced key per role; this module owns `node`:
+
+    ("pve1", {"node": {"name": "pve1", "gpus": {"ids": ["10de:2bb1"], "count": 8}}})
+
+`validate_inventory` checks every host and raises one `InventoryError` listing every problem as
+`<host>: path.to.field: message`; `exit_on_invalid` is the form inventory files call at load time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic_core import ErrorDetails, PydanticUndefined
+
+from pvegpu.models.errors import InventoryError
+
+NODE_KEY = "node"
+
+# Proxmox `pve-node` format (proxmox-pci-mapping.md §2); 63 is the DNS label limit a hostname obeys.
+_NODE_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?")
+_NODE_NAME_MAX = 63
+_PCI_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}")
+
+
+def _check_node_name(value: str) -> str:
+    if len(value) > _NODE_NAME_MAX:
+        raise ValueError(f"must be at most {_NODE_NAME_MAX} characters (got {len(value)})")
+    if not _NODE_NAME.fullmatch(value):
+        raise ValueError(
+            f"{_shown(value)} is not a Proxmox node name "
+            "(letters, digits and hyphens, starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def normalize_pci_id(value: str) -> str:
+    """`10DE:2BB1` -> `10de:2bb1`; ValueError for anything but two groups of 4 hex digits."""
+    if not _PCI_ID.fullmatch(value):
+        raise ValueError(f"{_shown(value)} is not a vendor:device id like 10de:2bb1")
+    # sysfs and Proxmox's live mapping check use lowercase; accept either case, store lowercase.
+    return value.lower()
+
+
+def _check_unique_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
+    if not ids:
+        raise ValueError("must list at least one vendor:device id")
+    seen: set[str] = set()
+    for pci_id in ids:
+        if pci_id in seen:
+            raise ValueError(f"{pci_id} is listed twice")
+        seen.add(pci_id)
+    return ids
+
+
+def _check_absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path (got {_shown(value)})")
+    return value
+
+
+PciId = Annotated[str, AfterValidator(normalize_pci_id)]
+
+
+class GpuSelector(BaseModel):
+    """Which PCI functions are this node's GPUs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    ids: Annotated[tuple[PciId, ...], AfterValidator(_check_unique_ids)] = Field(
+        description=(
+            "GPU models as vendor:device ids (4 hex digits each, e.g. `10de:2bb1`); "
+            "case-insensitive, stored lowercase. A display function with one of these ids is a GPU."
+        ),
+    )
+    count: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="How many GPUs the node must have (another number found is a problem); None: any number.",
+    )
+
+
+class NodeSpec(BaseModel):
+    """One Proxmox node (or bare-metal host) and its GPUs: host data key `node`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    name: Annotated[str, AfterValidator(_check_node_name)] = Field(
+        description=(
+            "Proxmox node name (as `hostname` prints it): letters, digits and hyphens, "
+            "starting and ending with a letter or digit, at most 63 characters."
+        ),
+    )
+    profile: Literal["vm", "lxc", "baremetal"] = Field(
+        default="vm",
+        description=(
+            "Where the inference server runs: `vm` (Q35 VM with the GPUs passed through), "
+            "`lxc` (container on the host driver) or `baremetal` (the host itself)."
+        ),
+    )
+    gpus: GpuSelector = Field(description="Which PCI functions are this node's GPUs, and how many to expect.")
+    sysfs_root: Annotated[str, AfterValidator(_check_absolute)] = Field(
+        default="/sys",
+        description="Absolute path where the node's sysfs is read (a captured or lab tree in tests).",
+    )
+    cmdline_path: Annotated[str, AfterValidator(_check_absolute)] = Field(
+        default="/proc/cmdline",
+        description="Absolute path of the running kernel command line.",
+    )
+
+
+HostEntry = str | tuple[str, object]
+H = TypeVar("H", bound=Sequence[HostEntry])
+
+
+def validate_inventory(hosts: Sequence[HostEntry]) -> list[tuple[str, NodeSpec]]:
+    """Validate the `node` data of every host; return `(host, NodeSpec)` in input order.
+
+    `hosts` is a pyinfra inventory list: `(name, data)` tuples, or bare names (which have no data).
+    Raises `InventoryError` listing every problem of every host, one `<host>: path: message` line each,
+    including a node name declared by two hosts.
+    """
+    problems: list[str] = []
+    specs: list[tuple[str, NodeSpec]] = []
+    owner_of_name: dict[str, str] = {}
+    for entry in hosts:
+        host, data = (entry, {}) if isinstance(entry, str) else entry
+        spec, host_problems = _validate_host(data)
+        problems.extend(f"{host}: {problem}" for problem in host_problems)
+        if spec is None:
+            continue
+        key = spec.name.lower()  # host names are case-insensitive
+        if key in owner_of_name:
+            first = owner_of_name[key]
+            problems.append(
+                f"{host}: {NODE_KEY}.name: {spec.name!r} is already the node name of host {first}"
+            )
+            continue
+        owner_of_name[key] = host
+        specs.append((host, spec))
+    if problems:
+        raise InventoryError(problems)
+    return specs
+
+
+def exit_on_invalid(hosts: H) -> H:
+    """Return `hosts` unchanged if valid; else print the problem lines to stderr and exit with status 2.
+
+    For inventory files, so that bad data stops pyinfra before it connects anywhere:
+    `pve_hosts = exit_on_invalid([("pve1", {"node": {...}})])`.
+    """
+    try:
+        validate_inventory(hosts)
+    except InventoryError as error:
+        for line in error.problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(2) from None
+    return hosts
+
+
+def _validate_host(data: object) -> tuple[NodeSpec | None, list[str]]:
+    if not isinstance(data, Mapping):
+        return None, [f"host data must be a mapping (got {_shown(data)})"]
+    if NODE_KEY not in data:
+        return None, [f"{NODE_KEY}: is required (host data needs {NODE_KEY} = {{'name': ..., 'gpus': ...}})"]
+    value = data[NODE_KEY]
+    if isinstance(value, NodeSpec):
+        return value, []
+    if not isinstance(value, Mapping):
+        return None, [f"{NODE_KEY}: must be a mapping (got {_shown(value)})"]
+    try:
+        return NodeSpec.model_validate(value), []
+    except ValidationError as error:
+        return None, [_problem_line(detail) for detail in error.errors()]
+
+
+def _problem_line(detail: ErrorDetails) -> str:
+    path = ".".join(str(part) for part in (NODE_KEY, *detail["loc"]))
+    return f"{path}: {_message(detail)}"
+
+
+def _message(detail: ErrorDetails) -> str:
+    """Rewrite one pydantic error as an operator-facing sentence."""
+    kind, ctx = detail["type"], detail.get("ctx", {})
+    if kind == "value_error":
+        return str(ctx["error"])
+    if kind == "extra_forbidden":
+        return "unknown field" + _suggestion(detail["loc"])
+    got = f" (got {_shown(detail['input'])})"
+    choices = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
+    sentences = {
+        "missing": "is required",
+        "literal_error": f"must be one of {choices}{got}",
+        "string_type": f"must be a string{got}",
+        "tuple_type": f"must be a list{got}",
+        "int_type": f"must be a whole number{got}",
+        "model_type": f"must be a mapping{got}",
+        "greater_than_equal": f"must be at least {ctx.get('ge')}{got}",
+    }
+    return sentences.get(kind, detail["msg"] + got)
+
+
+def _suggestion(loc: tuple[int | str, ...]) -> str:
+    """` (did you mean 'gpus'?)` when an unknown field is a near miss of a known one."""
+    model: type[BaseModel] = NodeSpec
+    for part in loc[:-1]:
+        nested = _model_of(model.model_fields[str(part)].annotation)
+        if nested is None:
+            return ""
+        model = nested
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def spec_table_markdown(model: type[BaseModel] = NodeSpec, prefix: str = NODE_KEY) -> str:
+    """A markdown table (field, type, default, description) of `model`, nested models flattened.
+
+    The README's variable table is generated from this, so descriptions are the documentation.
+    """
+    lines = ["| variable | type | default | description |", "|---|---|---|---|"]
+    lines.extend(_table_rows(model, prefix))
+    return "\n".join(lines) + "\n"
+
+
+def _table_rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows: list[str] = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}.{name}"
+        nested = _model_of(info.annotation)
+        if nested is not None:
+            rows.extend(_table_rows(nested, path))
+            continue
+        default = "*required*" if info.default is PydanticUndefined else f"`{info.default}`"
+        description = (info.description or "").replace("|", "\\|")
+        rows.append(f"| `{path}` | {_type_name(info.annotation)} | {default} | {description} |")
+    return rows
+
+
+def _type_name(annotation: Any) -> str:
+    """Readable type of a field annotation; refuses shapes it does not know rather than guessing."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{arg}`" for arg in args)
+    if origin in (Union, types.UnionType):
+        named = [_type_name(arg) for arg in args if arg is not type(None)]
+        return " or ".join(named) + (" or `None`" if type(None) in args else "")
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return f"list of {_type_name(args[0])}s"
+    names = {str: "string", int: "integer", bool: "boolean"}
+    if annotation in names:
+        return names[annotation]
+    raise TypeError(f"no table type name for {annotation!r}")

@@ -1,0 +1,1 @@
+"""Pure planners: (declared spec, observed facts) -> desired state. No I/O, no pyinfra imports."""

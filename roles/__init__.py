@@ -1,0 +1,1 @@
+"""Roles: `@deploy` compositions of pvegpu operations, in order. No parsing, no shell strings."""

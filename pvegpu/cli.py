@@ -14,8 +14,9 @@ import click
 
 from pvegpu.facts.errors import FactCommandError, FactParseError
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.models.fields import normalize_pci_id
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector, normalize_pci_id
+from pvegpu.models.inventory import GpuSelector
 from pvegpu.plan.topology import plan_topology, plan_vendor_topology, topology_to_json
 from pvegpu.report import render_table
 

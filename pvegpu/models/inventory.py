@@ -21,13 +21,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, Va
 from pydantic_core import ErrorDetails, PydanticUndefined
 
 from pvegpu.models.errors import InventoryError
+from pvegpu.models.fields import AbsolutePath, PciId, shown
 
 NODE_KEY = "node"
 
 # Proxmox `pve-node` format (proxmox-pci-mapping.md §2); 63 is the DNS label limit a hostname obeys.
 _NODE_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?")
 _NODE_NAME_MAX = 63
-_PCI_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}")
 
 
 def _check_node_name(value: str) -> str:
@@ -35,18 +35,10 @@ def _check_node_name(value: str) -> str:
         raise ValueError(f"must be at most {_NODE_NAME_MAX} characters (got {len(value)})")
     if not _NODE_NAME.fullmatch(value):
         raise ValueError(
-            f"{_shown(value)} is not a Proxmox node name "
+            f"{shown(value)} is not a Proxmox node name "
             "(letters, digits and hyphens, starting and ending with a letter or digit)"
         )
     return value
-
-
-def normalize_pci_id(value: str) -> str:
-    """`10DE:2BB1` -> `10de:2bb1`; ValueError for anything but two groups of 4 hex digits."""
-    if not _PCI_ID.fullmatch(value):
-        raise ValueError(f"{_shown(value)} is not a vendor:device id like 10de:2bb1")
-    # sysfs and Proxmox's live mapping check use lowercase; accept either case, store lowercase.
-    return value.lower()
 
 
 def _check_unique_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
@@ -58,15 +50,6 @@ def _check_unique_ids(ids: tuple[str, ...]) -> tuple[str, ...]:
             raise ValueError(f"{pci_id} is listed twice")
         seen.add(pci_id)
     return ids
-
-
-def _check_absolute(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError(f"must be an absolute path (got {_shown(value)})")
-    return value
-
-
-PciId = Annotated[str, AfterValidator(normalize_pci_id)]
 
 
 class GpuSelector(BaseModel):
@@ -106,18 +89,23 @@ class NodeSpec(BaseModel):
         ),
     )
     gpus: GpuSelector = Field(description="Which PCI functions are this node's GPUs, and how many to expect.")
-    sysfs_root: Annotated[str, AfterValidator(_check_absolute)] = Field(
+    sysfs_root: AbsolutePath = Field(
         default="/sys",
         description="Absolute path where the node's sysfs is read (a captured or lab tree in tests).",
     )
-    cmdline_path: Annotated[str, AfterValidator(_check_absolute)] = Field(
+    cmdline_path: AbsolutePath = Field(
         default="/proc/cmdline",
         description="Absolute path of the running kernel command line.",
     )
 
 
+# Every role's spec, by its host data key. `node` is required; the others are optional (defaults apply).
+# A role that adds a spec registers it here, so inventories validate it before any host is touched.
+ROLE_SPECS: dict[str, type[BaseModel]] = {NODE_KEY: NodeSpec}
+
 HostEntry = str | tuple[str, object]
 H = TypeVar("H", bound=Sequence[HostEntry])
+SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
 def validate_inventory(hosts: Sequence[HostEntry]) -> list[tuple[str, NodeSpec]]:
@@ -166,37 +154,66 @@ def exit_on_invalid(hosts: H) -> H:
 
 
 def _validate_host(data: object) -> tuple[NodeSpec | None, list[str]]:
+    """The host's NodeSpec (None when invalid) and every problem of every role key in its data."""
     if not isinstance(data, Mapping):
-        return None, [f"host data must be a mapping (got {_shown(data)})"]
+        return None, [f"host data must be a mapping (got {shown(data)})"]
+    problems: list[str] = []
     if NODE_KEY not in data:
-        return None, [f"{NODE_KEY}: is required (host data needs {NODE_KEY} = {{'name': ..., 'gpus': ...}})"]
-    value = data[NODE_KEY]
-    if isinstance(value, NodeSpec):
+        problems.append(
+            f"{NODE_KEY}: is required (host data needs {NODE_KEY} = {{'name': ..., 'gpus': ...}})"
+        )
+    validated: dict[str, BaseModel] = {}
+    for key, model in ROLE_SPECS.items():
+        if key not in data:
+            continue
+        spec, spec_problems = _validate_spec(key, model, data[key])
+        problems.extend(spec_problems)
+        if spec is not None:
+            validated[key] = spec
+    node = validated.get(NODE_KEY)
+    return (node if isinstance(node, NodeSpec) and not problems else None), problems
+
+
+def _validate_spec(key: str, model: type[BaseModel], value: object) -> tuple[BaseModel | None, list[str]]:
+    if isinstance(value, model):
         return value, []
     if not isinstance(value, Mapping):
-        return None, [f"{NODE_KEY}: must be a mapping (got {_shown(value)})"]
+        return None, [f"{key}: must be a mapping (got {shown(value)})"]
     try:
-        return NodeSpec.model_validate(value), []
+        return model.model_validate(value), []
     except ValidationError as error:
-        return None, [_problem_line(detail) for detail in error.errors()]
+        return None, [_problem_line(key, model, detail) for detail in error.errors()]
 
 
-def _problem_line(detail: ErrorDetails) -> str:
-    path = ".".join(str(part) for part in (NODE_KEY, *detail["loc"]))
-    return f"{path}: {_message(detail)}"
+def spec_of(data: Mapping[str, object], key: str, model: type[SpecT]) -> SpecT:
+    """The validated spec under `key` of one host's data (roles call this; inventories were checked already).
+
+    A role key that is absent gets the model's defaults; raises `InventoryError` when the data is invalid.
+    """
+    spec, problems = _validate_spec(key, model, data.get(key, {}))
+    if problems or not isinstance(spec, model):
+        raise InventoryError(problems)
+    return spec
 
 
-def _message(detail: ErrorDetails) -> str:
+def _problem_line(key: str, model: type[BaseModel], detail: ErrorDetails) -> str:
+    path = ".".join(str(part) for part in (key, *detail["loc"]))
+    return f"{path}: {_message(model, detail)}"
+
+
+def _message(model: type[BaseModel], detail: ErrorDetails) -> str:
     """Rewrite one pydantic error as an operator-facing sentence."""
     kind, ctx = detail["type"], detail.get("ctx", {})
     if kind == "value_error":
         return str(ctx["error"])
     if kind == "extra_forbidden":
-        return "unknown field" + _suggestion(detail["loc"])
-    got = f" (got {_shown(detail['input'])})"
+        return "unknown field" + _suggestion(model, detail["loc"])
+    got = f" (got {shown(detail['input'])})"
     choices = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
     sentences = {
         "missing": "is required",
+        "bool_parsing": f"must be true or false{got}",
+        "bool_type": f"must be true or false{got}",
         "literal_error": f"must be one of {choices}{got}",
         "string_type": f"must be a string{got}",
         "tuple_type": f"must be a list{got}",
@@ -207,9 +224,8 @@ def _message(detail: ErrorDetails) -> str:
     return sentences.get(kind, detail["msg"] + got)
 
 
-def _suggestion(loc: tuple[int | str, ...]) -> str:
+def _suggestion(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     """` (did you mean 'gpus'?)` when an unknown field is a near miss of a known one."""
-    model: type[BaseModel] = NodeSpec
     for part in loc[:-1]:
         nested = _model_of(model.model_fields[str(part)].annotation)
         if nested is None:
@@ -223,11 +239,6 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def spec_table_markdown(model: type[BaseModel] = NodeSpec, prefix: str = NODE_KEY) -> str:

@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pydantic
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import (
+    ROLE_SPECS,
     GpuSelector,
     NodeSpec,
     exit_on_invalid,
+    spec_of,
     spec_table_markdown,
     validate_inventory,
 )
@@ -288,3 +291,27 @@ def test_spec_table_markdown() -> None:
         "Where the inference server runs: `vm` (Q35 VM with the GPUs passed through), "
         "`lxc` (container on the host driver) or `baremetal` (the host itself). |"
     )
+
+
+class _ExampleSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    allow_reboot: bool = Field(default=False, description="example")
+
+
+def test_every_registered_role_key_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(ROLE_SPECS, "example", _ExampleSpec)
+    hosts = [("pve1", {**node(), "example": {"allow_reboot": "maybe", "allow_rebot": 1}})]
+    with pytest.raises(InventoryError) as raised:
+        validate_inventory(hosts)
+    assert list(raised.value.problems) == [
+        "pve1: example.allow_reboot: must be true or false (got 'maybe')",
+        "pve1: example.allow_rebot: unknown field (did you mean 'allow_reboot'?)",
+    ]
+
+
+def test_spec_of_gives_defaults_for_an_absent_role_key_and_refuses_bad_data() -> None:
+    assert spec_of({}, "example", _ExampleSpec) == _ExampleSpec(allow_reboot=False)
+    assert spec_of({"example": {"allow_reboot": True}}, "example", _ExampleSpec).allow_reboot is True
+    with pytest.raises(InventoryError) as raised:
+        spec_of({"example": "yes"}, "example", _ExampleSpec)
+    assert list(raised.value.problems) == ["example: must be a mapping (got 'yes')"]

@@ -1,0 +1,33 @@
+"""Field types shared by every spec: PCI ids, absolute paths, and how a bad value is shown in a message."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+_PCI_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}")
+
+
+def normalize_pci_id(value: str) -> str:
+    """`10DE:2BB1` -> `10de:2bb1`; ValueError for anything but two groups of 4 hex digits."""
+    if not _PCI_ID.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a vendor:device id like 10de:2bb1")
+    # sysfs and Proxmox's live mapping check use lowercase; accept either case, store lowercase.
+    return value.lower()
+
+
+def check_absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path (got {shown(value)})")
+    return value
+
+
+def shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+PciId = Annotated[str, AfterValidator(normalize_pci_id)]
+AbsolutePath = Annotated[str, AfterValidator(check_absolute)]

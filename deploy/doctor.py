@@ -1,5 +1,16 @@
-"""`pyinfra INVENTORY deploy/doctor.py`: read-only report of every node (no change is ever made)."""
+"""`pyinfra INVENTORY deploy/doctor.py`: read-only report of every host (no change is ever made).
 
-from roles.doctor import gpu_topology
+Proxmox nodes and bare-metal hosts: GPU topology and host checks. Serving guests (group `vm_guests`): the NCCL
+transports the running SGLang service uses, checked against the profile's P2P expectation.
+"""
 
-gpu_topology()
+from pyinfra.context import host
+
+from roles.doctor import gpu_topology, host_report
+from roles.sglang import nccl_transports
+
+if "vm_guests" in host.groups:
+    nccl_transports()
+else:
+    gpu_topology()
+    host_report()

@@ -1,4 +1,6 @@
-"""pyinfra inventory of the lab: every host `python -m lab up` started, as a Proxmox node (group `pve_nodes`).
+"""pyinfra inventory of the lab: every host `python -m lab up` started, as a Proxmox node (group `pve_nodes`),
+and every VM guest host (a Q35 guest topology, e.g. `python -m lab.guest_payload NAME`) in group `vm_guests`
+with `driver` and `sglang` data pointing at the guest's local stand-in sources (lab/guest_payload.py).
 
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
@@ -13,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab import guest_payload
 from lab.hosts import LabHost, known_hosts_path, list_hosts
+from lab.pve import node as pve_node
+from pvegpu.guest_inventory import exit_on_invalid_guests
 from pvegpu.models.inventory import exit_on_invalid
 
 
@@ -53,4 +58,34 @@ if not _hosts:
         "inventory/lab.py: no lab host is up; start one: python -m lab up node --topology reference"
     )
 
-pve_nodes = exit_on_invalid([(host.name, {"node": _node(host), **_ssh(host)}) for host in _hosts])
+
+def _is_guest(host: LabHost) -> bool:
+    return host.topology.startswith("q35-")  # lab.pve.guest.q35_guest names its topologies so
+
+
+# Guests get their driver and SGLang from the stand-in apt repository and wheel copied into them.
+GUEST_DATA: dict[str, Any] = {
+    "driver": {"repository": guest_payload.REPOSITORY_URL, "version_file": guest_payload.VERSION_FILE},
+    "sglang": {"pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR], "start_timeout_s": 60},
+}
+
+# Proxmox lab nodes (`python -m lab up NAME --pve`) get a VM and reach the pvesh stand-in over SSH with the
+# host's own SSH settings (deploy/vm.py, deploy/rebuild_vm.py).
+# The lab's reboot is a stand-in (lab/boot.py) that applies the written boot configuration, so it is allowed.
+PVE_DATA: dict[str, Any] = {
+    "pve_host": {"allow_reboot": True},
+    "vm": {"vmid": 100, "name": "llm", "cores": 4, "memory": 8192, "disk": {"size_gib": 32}},
+    "pve": {"backend": "ssh"},
+}
+
+
+def _pve(host: LabHost) -> dict[str, Any]:
+    return PVE_DATA if pve_node.role_of(host) == "pve" else {}
+
+
+pve_nodes = exit_on_invalid(
+    [(host.name, {"node": _node(host), **_pve(host), **_ssh(host)}) for host in _hosts if not _is_guest(host)]
+)
+vm_guests = exit_on_invalid_guests(
+    [(host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)}) for host in _hosts if _is_guest(host)]
+)

@@ -1,6 +1,7 @@
 """`python -m lab`: start, stop, list and enter lab hosts (run as root; see lab/hosts.py).
 
-python -m lab up NAME --topology reference [--mode netns|nspawn] [--replace]
+python -m lab up NAME --topology reference [--mode netns|nspawn] [--replace] [--pve]
+python -m lab retopo NAME TOPOLOGY
 python -m lab down NAME | --all
 python -m lab status
 python -m lab ssh NAME [CMD...]
@@ -13,7 +14,8 @@ import os
 import sys
 from typing import cast
 
-from lab import fakesys, hosts, root
+from lab import boot, fakesys, hosts, root
+from lab.pve import node as pve_node
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +31,19 @@ def _parser() -> argparse.ArgumentParser:
         help="netns: sshd only, fake sysfs at /sys; nspawn: real systemd, fake sysfs at /opt/fakesys",
     )
     up.add_argument("--replace", action="store_true", help="stop a host of the same name first")
+    up.add_argument(
+        "--pve",
+        action="store_true",
+        help="a Proxmox node: the pvesh stand-in and a lab hypervisor that starts its VMs' guests (lab/pve)",
+    )
+    up.add_argument(
+        "--boot",
+        choices=boot.LAYOUTS,
+        help="a bootloader layout (GRUB or systemd-boot) and the lab's reboot stand-in (lab/boot.py)",
+    )
+    retopo = commands.add_parser("retopo", help="rewrite a running host's fake sysfs (the BIOS changed)")
+    retopo.add_argument("name")
+    retopo.add_argument("topology", choices=sorted(fakesys.TOPOLOGIES))
     down = commands.add_parser("down", help="stop hosts and remove everything they left")
     which = down.add_mutually_exclusive_group(required=True)
     which.add_argument("name", nargs="?")
@@ -52,8 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "up":
-            host = hosts.up(args.name, args.topology, cast(hosts.Mode, args.mode), replace=args.replace)
+            mode = cast(hosts.Mode, args.mode)
+            if args.pve:
+                if args.replace:
+                    hosts.down(args.name)
+                host = pve_node.up(args.name, args.topology, mode)
+            else:
+                host = hosts.up(args.name, args.topology, mode, replace=args.replace)
+            if args.boot:
+                boot.install(host, args.boot)
             print(_describe(host))
+        elif args.command == "retopo":
+            print(_describe(hosts.retopo(args.name, args.topology)))
         elif args.command == "down":
             names = hosts.down_all() if args.all else [args.name] if hosts.down(args.name) else []
             print("stopped: " + (" ".join(names) or "nothing"))

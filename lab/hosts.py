@@ -34,11 +34,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from lab import fakesys, root
+from lab.topology import Topology
 
 Mode = Literal["netns", "nspawn"]
 MODES: tuple[Mode, ...] = ("netns", "nspawn")
@@ -48,6 +49,7 @@ _NAME = re.compile(r"[a-z][a-z0-9]{0,10}")
 _PREFIX = "pvl-"
 _MAX_INDEX = 250
 _HOST_INIT = Path(__file__).with_name("host_init.sh")
+_MACHINE_LOCK = Path("/run/lock/pvegpu-lab.lock")
 _SSH_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 15.0
 # Hosts started by this process, so that stopping them reaps them (no zombies, no ResourceWarning).
@@ -155,8 +157,15 @@ def ssh_argv(host: LabHost, *command: str) -> list[str]:
     ]
 
 
-def up(name: str, topology: str, mode: Mode = "netns", replace: bool = False) -> LabHost:
-    """Start host `name` with the fake sysfs of `topology`; return once its sshd answers.
+def up(
+    name: str,
+    topology: str | Topology,
+    mode: Mode = "netns",
+    replace: bool = False,
+    driver: str = "nvidia",
+) -> LabHost:
+    """Start host `name` with the fake sysfs of `topology` (a name in `fakesys.TOPOLOGIES`, or a description,
+    e.g. a VM guest's from lab.pve.guest), NVIDIA cards bound to `driver`; return once its sshd answers.
 
     Raises `LabError` when the name is invalid or taken (unless `replace`: the old host is stopped first),
     the topology is unknown, or the host does not come up (its log is in the message); a failed start is
@@ -164,7 +173,7 @@ def up(name: str, topology: str, mode: Mode = "netns", replace: bool = False) ->
     """
     if not _NAME.fullmatch(name):
         raise LabError(f"host name {name!r}: use 1-11 lowercase letters and digits, starting with a letter")
-    if topology not in fakesys.TOPOLOGIES:
+    if isinstance(topology, str) and topology not in fakesys.TOPOLOGIES:
         raise LabError(f"unknown topology {topology!r}; known: {', '.join(sorted(fakesys.TOPOLOGIES))}")
     if mode not in MODES:
         raise LabError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
@@ -180,7 +189,7 @@ def up(name: str, topology: str, mode: Mode = "netns", replace: bool = False) ->
         index = _free_index()
         state.mkdir(parents=True)
         try:
-            host = _start(name, topology, mode, index=index, base=base, state=state)
+            host = _start(name, topology, mode, index=index, base=base, state=state, driver=driver)
         except BaseException:
             _stop(name)
             raise
@@ -189,7 +198,12 @@ def up(name: str, topology: str, mode: Mode = "netns", replace: bool = False) ->
 
 
 def down(name: str) -> bool:
-    """Stop host `name` and remove everything it left; return False when there was nothing to remove."""
+    """Stop host `name` and remove everything it left; return False when there was nothing to remove.
+    Its companion process (a Proxmox node's lab hypervisor) is stopped first, then the hosts recorded as its
+    dependents (that node's VM guests; see lab.pve)."""
+    _stop_companion(name)  # outside the lock: a companion may be waiting for it to start a dependent
+    for dependent in dependents(name):
+        down(dependent)
     with _locked():
         found = _stop(name)
         _write_known_hosts()
@@ -207,7 +221,9 @@ def down_all() -> list[str]:
 # --- starting --------------------------------------------------------------------------------
 
 
-def _start(name: str, topology: str, mode: Mode, *, index: int, base: Path, state: Path) -> LabHost:
+def _start(
+    name: str, topology: str | Topology, mode: Mode, *, index: int, base: Path, state: Path, driver: str
+) -> LabHost:
     merged = state / "merged"
     for layer in ("upper", "work", "merged"):
         (state / layer).mkdir()
@@ -218,7 +234,7 @@ def _start(name: str, topology: str, mode: Mode, *, index: int, base: Path, stat
     sysfs_root, cmdline_path = SYSFS_ROOT[mode], CMDLINE_PATH[mode]
     tree = merged / sysfs_root.lstrip("/")
     tree.mkdir(parents=True, exist_ok=True)
-    manifest = fakesys.write_tree(tree, topology)
+    manifest = fakesys.write_tree(tree, topology, driver)
     (state / "sysfs.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     # netns: bind-mounted over /proc/cmdline by host_init.sh; nspawn: a plain file in the root.
     cmdline = state / "cmdline" if mode == "netns" else merged / cmdline_path.lstrip("/")
@@ -236,7 +252,7 @@ def _start(name: str, topology: str, mode: Mode, *, index: int, base: Path, stat
     host = LabHost(
         name=name,
         mode=mode,
-        topology=topology,
+        topology=topology if isinstance(topology, str) else topology.name,
         index=index,
         pid=process.pid,
         netns_inode=netns_inode,
@@ -315,6 +331,86 @@ def _wait_for_sshd(host: LabHost, process: subprocess.Popen[bytes], log: Path) -
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
     status = "exited" if process.poll() is not None else f"no SSH banner within {_SSH_TIMEOUT_S:.0f} s"
     raise LabError(f"lab host {host.name} did not come up ({status}); last lines of {log}:\n{tail}")
+
+
+def retopo(name: str, topology: str) -> LabHost:
+    """Rewrite running host `name`'s fake sysfs in place with `topology` ("the BIOS changed": same box,
+    new bus and group numbers); the host keeps running. Returns the updated record."""
+    if topology not in fakesys.TOPOLOGIES:
+        raise LabError(f"unknown topology {topology!r}; known: {', '.join(sorted(fakesys.TOPOLOGIES))}")
+    with _locked():
+        host = get_host(name)
+        tree = host.root / host.sysfs_root.lstrip("/")
+        for child in tree.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+        manifest = fakesys.write_tree(tree, topology)
+        (host.state_dir / "sysfs.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        host = replace(host, topology=topology)
+        (host.state_dir / "host.json").write_text(json.dumps(asdict(host), indent=1) + "\n")
+    return host
+
+
+# --- companions and dependents -----------------------------------------------------------------
+
+
+def start_companion(name: str, argv: list[str]) -> int:
+    """Start a lab-machine process that belongs to host `name` (its log: `<state>/companion.log`); `down`
+    stops it before the host. `argv` must contain the host's state directory (how `down` recognises it).
+    Returns its PID."""
+    state = run_dir() / name
+    if str(state) not in argv:
+        raise LabError(f"companion of {name}: its command line must name {state}")
+    with (state / "companion.log").open("ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+    _CHILDREN[process.pid] = process
+    (state / "companion.pid").write_text(f"{process.pid}\n")
+    return process.pid
+
+
+def add_dependent(name: str, dependent: str) -> None:
+    """Record that host `dependent` (e.g. a VM guest) goes down with host `name`."""
+    folder = run_dir() / name / "dependents"
+    folder.mkdir(exist_ok=True)
+    (folder / dependent).touch()
+
+
+def remove_dependent(name: str, dependent: str) -> None:
+    (run_dir() / name / "dependents" / dependent).unlink(missing_ok=True)
+
+
+def dependents(name: str) -> list[str]:
+    folder = run_dir() / name / "dependents"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def _stop_companion(name: str) -> None:
+    state = run_dir() / name
+    pid_file = state / "companion.pid"
+    if pid_file.is_file():
+        pid = int(pid_file.read_text())
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            argv = b""
+        if str(state).encode() in argv:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + _STOP_TIMEOUT_S
+            while _alive(pid):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    deadline = time.monotonic() + _STOP_TIMEOUT_S
+                time.sleep(0.05)
+        pid_file.unlink()
 
 
 # --- stopping --------------------------------------------------------------------------------
@@ -425,9 +521,11 @@ def _link_exists(link: str) -> bool:
 
 @contextmanager
 def _locked() -> Iterator[None]:
-    """Serialise up/down: index allocation and the known_hosts file are shared by every host."""
+    """Serialise up/down: addresses and network namespaces are the machine's, shared by every run directory
+    (a test session and the demo may run at once), and the known_hosts file by every host of a run."""
+    _MACHINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
     run_dir().mkdir(parents=True, exist_ok=True)
-    with (run_dir() / ".lock").open("w") as lock:
+    with _MACHINE_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -29,7 +29,8 @@ MIRROR = os.environ.get("PVEGPU_LAB_MIRROR", "http://deb.debian.org/debian")
 
 # Beyond minbase: what v1 hosts need (sshd, real systemd for nspawn hosts, iproute2/procps/kmod/pciutils for
 # facts and operators' habits) and what the next issues need for real boot-config runs (update-initramfs,
-# update-grub). python3 is not needed by pyinfra; it keeps ad-hoc debugging on a host comfortable.
+# update-grub). python3 is not needed by pyinfra; it keeps ad-hoc debugging on a host comfortable;
+# python3-venv: the guest role's SGLang venv (the lab guests cannot reach Debian's mirror to install it).
 PACKAGES = (
     "dbus",
     "grub2-common",
@@ -40,6 +41,7 @@ PACKAGES = (
     "pciutils",
     "procps",
     "python3",
+    "python3-venv",
     "systemd",
     "systemd-sysv",
 )

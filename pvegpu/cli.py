@@ -1,7 +1,7 @@
-"""`pvegpu`: offline views of a captured /sys tree, read with the same command and parser the facts use.
+"""`pvegpu`: offline views of captured /sys trees, read with the same command and parser the facts use.
 
-Exit status: 0 all selected GPUs passable; 1 a GPU refused or a topology problem (count, none found);
-2 unreadable input (and click's usage errors).
+Exit status: 0 all selected GPUs passable; 1 a GPU refused or a topology problem (count, none found, nodes
+that disagree); 2 unreadable input (and click's usage errors).
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ import click
 
 from pvegpu.facts.errors import FactCommandError, FactParseError
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.facts.pci_cfg import render_pci_cfg
 from pvegpu.models.fields import normalize_pci_id
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import GpuSelector
-from pvegpu.plan.topology import plan_topology, plan_vendor_topology, topology_to_json
+from pvegpu.models.pve import NODE_NAME
+from pvegpu.plan.mapping import DEFAULT_PREFIX, MappingPlanError, mapping_id, plan_mappings
+from pvegpu.plan.topology import Topology, plan_topology, plan_vendor_topology, topology_to_json
 from pvegpu.report import render_table
 
 NVIDIA = "10de"
@@ -42,6 +45,17 @@ def _pci_ids(_ctx: click.Context, _param: click.Parameter, values: Sequence[str]
     return tuple(ids)
 
 
+# Shared by every command that selects GPUs.
+_ID_OPTION = click.option(
+    "--id",
+    "ids",
+    multiple=True,
+    callback=_pci_ids,
+    metavar="VVVV:DDDD",
+    help="GPU model to select (repeatable). Default: every NVIDIA (10de) display function.",
+)
+
+
 @main.command()
 @click.option(
     "--sysfs-root",
@@ -52,14 +66,7 @@ def _pci_ids(_ctx: click.Context, _param: click.Parameter, values: Sequence[str]
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (docs/topology-json.md) instead of a table."
 )
-@click.option(
-    "--id",
-    "ids",
-    multiple=True,
-    callback=_pci_ids,
-    metavar="VVVV:DDDD",
-    help="GPU model to select (repeatable). Default: every NVIDIA (10de) display function.",
-)
+@_ID_OPTION
 @click.option("--count", type=click.IntRange(min=1), help="Number of GPUs expected; another number exits 1.")
 def topology(sysfs_root: Path, as_json: bool, ids: tuple[str, ...], count: int | None) -> None:
     """Show the GPUs: cards, IOMMU groups, root buses, NUMA nodes, links, and whether each is passable.
@@ -67,18 +74,84 @@ def topology(sysfs_root: Path, as_json: bool, ids: tuple[str, ...], count: int |
     Exit status 0 when every GPU is passable, 1 when one is refused or the GPUs found are not what was
     expected, 2 when the tree cannot be read.
     """
-    hw = _read(sysfs_root)
-    planned = (
-        plan_topology(hw, GpuSelector(ids=ids, count=count))
-        if ids
-        else plan_vendor_topology(hw, NVIDIA, count)
-    )
+    planned = _plan(_read(sysfs_root), ids, count)
     if as_json:
         click.echo(json.dumps(topology_to_json(planned), indent=2))
     else:
         click.echo(render_table(planned), nl=False)
     if not planned.ok:
         raise SystemExit(EXIT_REFUSED)
+
+
+def _nodes(
+    _ctx: click.Context, _param: click.Parameter, values: Sequence[str]
+) -> tuple[tuple[str, Path], ...]:
+    nodes: list[tuple[str, Path]] = []
+    for value in values:
+        name, sep, directory = value.partition("=")
+        if not sep or not directory:
+            raise click.BadParameter(f"{value!r} is not NAME=SYSFS_DIR")
+        if not NODE_NAME.fullmatch(name):
+            raise click.BadParameter(
+                f"{name!r} is not a Proxmox node name (letters, digits and hyphens, "
+                "starting and ending with a letter or digit)"
+            )
+        if any(name == seen for seen, _ in nodes):
+            raise click.BadParameter(f"node {name} is given twice")
+        nodes.append((name, Path(directory)))
+    return tuple(nodes)
+
+
+def _prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    try:
+        mapping_id(value, 0)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+    return value
+
+
+@main.command()
+@click.option(
+    "--node",
+    "nodes",
+    required=True,
+    multiple=True,
+    callback=_nodes,
+    metavar="NAME=SYSFS_DIR",
+    help="A cluster node and the sysfs tree read for it (repeatable: one map line per node).",
+)
+@_ID_OPTION
+@click.option("--count", type=click.IntRange(min=1), help="Number of GPUs each node must have.")
+@click.option(
+    "--prefix",
+    default=DEFAULT_PREFIX,
+    show_default=True,
+    callback=_prefix,
+    help="Mapping ids are PREFIX0, PREFIX1, ... in physical order.",
+)
+def mapping(
+    nodes: tuple[tuple[str, Path], ...], ids: tuple[str, ...], count: int | None, prefix: str
+) -> None:
+    """Print the /etc/pve/mapping/pci.cfg sections pvegpu would write: one mapping per GPU, one map line
+    per node, exactly as Proxmox stores them.
+
+    Exit status 0 when printed, 1 when a GPU is refused or the nodes disagree (the problems go to stderr,
+    nothing to stdout), 2 when a tree cannot be read.
+    """
+    topologies = {name: _plan(_read(directory), ids, count) for name, directory in nodes}
+    try:
+        planned = plan_mappings(topologies, prefix)
+    except MappingPlanError as error:
+        for problem in error.problems:
+            click.echo(f"pvegpu: {problem}", err=True)
+        raise SystemExit(EXIT_REFUSED) from None
+    click.echo(render_pci_cfg(planned), nl=False)
+
+
+def _plan(hw: HostHardware, ids: tuple[str, ...], count: int | None) -> Topology:
+    if ids:
+        return plan_topology(hw, GpuSelector(ids=ids, count=count))
+    return plan_vendor_topology(hw, NVIDIA, count)
 
 
 def _read(sysfs_root: Path) -> HostHardware:

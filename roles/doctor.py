@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.host_checks import HostChecks
 from pvegpu.models.inventory import NODE_KEY, NodeSpec
+from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
 from pvegpu.plan.topology import plan_topology
 from pvegpu.report import render_table
+
+# Where the JSON reports go on the operator's machine (one file per host); relative to the working directory.
+REPORT_DIR_ENV = "PVEGPU_DOCTOR_DIR"
+REPORT_DIR = "pvegpu-doctor"
 
 
 @deploy("Report the GPU topology")
@@ -24,3 +34,28 @@ def gpu_topology() -> None:
     report = render_table(topology)
     log = logger.info if topology.ok else logger.warning
     log(f"{host.print_prefix}GPU topology of node {spec.name} (profile {spec.profile}):\n{report}")
+
+
+@deploy("Report the host checks")
+def host_report() -> None:
+    """Print IOMMU / interrupt remapping, ACS above each GPU, BARs, Resizable BAR, C-states, NUMA nodes and
+    the BIOS knobs Linux cannot see; write the same as JSON to `$PVEGPU_DOCTOR_DIR/<host>.json` (default
+    ./pvegpu-doctor/) on this machine. Two remote commands (`PciHardware`, `HostChecks`)."""
+    spec = NodeSpec.model_validate(host.data.get(NODE_KEY))
+    hardware = host.get_fact(PciHardware, sysfs_root=spec.sysfs_root)
+    topology = plan_topology(hardware, spec.gpus)
+    addresses = sorted(
+        {
+            a
+            for gpu in topology.gpus
+            for a in (gpu.gpu_function, *hardware.by_address[gpu.gpu_function].parents)
+        }
+    )
+    data = host.get_fact(HostChecks, sysfs_root=spec.sysfs_root, addresses=tuple(addresses))
+    rows = host_checks(hardware, topology, data)
+    path = Path(os.environ.get(REPORT_DIR_ENV, REPORT_DIR)) / f"{host.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(checks_to_json(host.name, rows), indent=1) + "\n")
+    logger.info(
+        f"{host.print_prefix}host checks of node {spec.name} (also in {path}):\n{render_checks(rows)}"
+    )

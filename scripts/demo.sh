@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # scripts/demo.sh - README (a): bring up the lab's Proxmox node and run the main job on it. Run as root.
 #
-#   bash scripts/demo.sh        install what is missing (lab/bootstrap.sh), (re)start lab host `node` with the
-#                               `reference` topology (the 8-GPU box), then: pyinfra inventory/lab.py deploy/doctor.py
-#   bash scripts/demo.sh down   stop every lab host
+#   bash scripts/demo.sh        install what is missing (lab/bootstrap.sh), (re)start the lab's Proxmox node
+#                               `node` (the 8-GPU `reference` box, GRUB, pvesh stand-in), then:
+#                                 1. pyinfra inventory/lab.py deploy/site.py    host prepared (IOMMU tokens, vfio,
+#                                    lab reboot), PCI mappings, the Q35 VM created and started: its guest comes up
+#                                 2. pyinfra inventory/lab.py deploy/site.py    the inventory now has the guest:
+#                                    NVIDIA driver + SGLang there (lab stand-ins); nothing changes on the node
+#                                 3. pyinfra inventory/lab.py deploy/doctor.py  topology, host checks, NCCL transports
+#   bash scripts/demo.sh down   stop every lab host (the node, its VM guest)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -11,6 +16,12 @@ cd "$repo"
 if [[ ${1:-} == down ]]; then
     exec .venv/bin/python -m lab down --all
 fi
+say() { printf '\n=== %s\n' "$*"; }
 bash lab/bootstrap.sh
-.venv/bin/python -m lab up node --topology reference --replace
-exec .venv/bin/pyinfra -y inventory/lab.py deploy/doctor.py
+.venv/bin/python -m lab up node --topology reference --pve --boot grub --replace
+say "1/3 deploy/site.py: the Proxmox node (host, mappings, VM)"
+.venv/bin/pyinfra -y inventory/lab.py deploy/site.py
+say "2/3 deploy/site.py again: the VM's guest (driver, SGLang); the node reports no change"
+.venv/bin/pyinfra -y inventory/lab.py deploy/site.py
+say "3/3 deploy/doctor.py: read-only report"
+.venv/bin/pyinfra -y inventory/lab.py deploy/doctor.py

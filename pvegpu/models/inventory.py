@@ -20,8 +20,15 @@ from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import ErrorDetails, PydanticUndefined
 
+from pvegpu.models.bench import BENCH_KEY, BenchSpec
+from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.fields import AbsolutePath, PciId, shown
+from pvegpu.models.host import HOST_KEY, HostSpec
+from pvegpu.models.lxc import LXC_KEY, LxcSpec
+from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
+from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.vm import VM_KEY, VmSpec
 
 NODE_KEY = "node"
 
@@ -101,7 +108,16 @@ class NodeSpec(BaseModel):
 
 # Every role's spec, by its host data key. `node` is required; the others are optional (defaults apply).
 # A role that adds a spec registers it here, so inventories validate it before any host is touched.
-ROLE_SPECS: dict[str, type[BaseModel]] = {NODE_KEY: NodeSpec}
+ROLE_SPECS: dict[str, type[BaseModel]] = {
+    NODE_KEY: NodeSpec,
+    HOST_KEY: HostSpec,
+    SGLANG_KEY: SglangSpec,
+    VM_KEY: VmSpec,
+    DRIVER_KEY: DriverSpec,
+    BENCH_KEY: BenchSpec,
+    PVE_KEY: PveApiSpec,
+    LXC_KEY: LxcSpec,
+}
 
 HostEntry = str | tuple[str, object]
 H = TypeVar("H", bound=Sequence[HostEntry])
@@ -277,7 +293,9 @@ def _type_name(annotation: Any) -> str:
         return " or ".join(named) + (" or `None`" if type(None) in args else "")
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         return f"list of {_type_name(args[0])}s"
-    names = {str: "string", int: "integer", bool: "boolean"}
+    if origin is dict:
+        return f"mapping of {_type_name(args[0])} to {_type_name(args[1])}"
+    names = {str: "string", int: "integer", bool: "boolean", float: "number"}
     if annotation in names:
         return names[annotation]
     raise TypeError(f"no table type name for {annotation!r}")

@@ -56,7 +56,8 @@ def lab_run_dir() -> Iterator[Path]:
     with _lab_run(run):
         yield run
         hosts.down_all()
-    shutil.rmtree(run)
+    if run.exists():
+        shutil.rmtree(run)
 
 
 @pytest.fixture

@@ -8,16 +8,21 @@ from pathlib import Path
 import pytest
 
 from pvegpu.cli import main as cli_main
-from pvegpu.models.inventory import spec_table_markdown, validate_inventory
+from pvegpu.models.inventory import ROLE_SPECS, spec_table_markdown, validate_inventory
+from scripts import readme_tables
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
 
 
-def test_readme_variable_table_is_generated_from_the_models() -> None:
-    start = README.index("<!-- spec-table:start")
-    body = README[README.index("\n", start) + 1 : README.index("<!-- spec-table:end -->")]
-    assert body == spec_table_markdown()
+def test_readme_variable_tables_are_generated_from_the_models() -> None:
+    assert sorted(readme_tables.keys_in(README)) == sorted(ROLE_SPECS)
+    assert readme_tables.render(README) == README
+
+
+def test_readme_table_of_node_is_the_node_spec() -> None:
+    start = README.index("<!-- spec-table:node:start -->\n") + len("<!-- spec-table:node:start -->\n")
+    assert README[start : README.index("<!-- spec-table:node:end -->")] == spec_table_markdown()
 
 
 def test_readme_has_exactly_two_setup_commands() -> None:
@@ -56,7 +61,19 @@ def test_readme_lists_every_user_command_with_its_state(command: str) -> None:
 
 def test_example_inventory_validates() -> None:
     namespace = runpy.run_path(str(REPO / "inventory.py"))
+    specs = validate_inventory([*namespace["pve_nodes"], *namespace["vm_guests"]])
+    assert [(host, spec.name, spec.profile, spec.gpus.ids, spec.gpus.count) for host, spec in specs] == [
+        ("pve1.example.net", "pve1", "vm", ("10de:2bb1",), 8),
+        ("llm.example.net", "llm", "vm", ("10de:2bb1",), 8),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("inventory", "profile"), [("inventory/baremetal.py", "baremetal"), ("inventory/lxc.py", "lxc")]
+)
+def test_profile_inventories_reuse_the_example_hosts_with_their_profile(inventory: str, profile: str) -> None:
+    namespace = runpy.run_path(str(REPO / inventory))
     specs = validate_inventory(namespace["pve_nodes"])
-    assert [(host, spec.name, spec.gpus.ids, spec.gpus.count) for host, spec in specs] == [
-        ("pve1.example.net", "pve1", ("10de:2bb1",), 8)
+    assert [(host, spec.name, spec.profile) for host, spec in specs] == [
+        ("pve1.example.net", "pve1", profile)
     ]

@@ -1,0 +1,9 @@
+"""`pyinfra INVENTORY deploy/bench.py`: SGLang's serving benchmark on each serving host (group `vm_guests`)
+at concurrency 1 and N, results saved, tabled and plotted on this machine (roles/bench.py)."""
+
+from pyinfra.context import host
+
+from roles.bench import bench
+
+if "vm_guests" in host.groups:
+    bench()

@@ -1,0 +1,82 @@
+"""Proxmox lab nodes: a lab host with the pvesh stand-in installed and a lab hypervisor for its VMs.
+
+`up(name, topology)` starts the host (lab.hosts), then installs into its root:
+- `/usr/bin/pvesh`: lab/pve/pvesh.py, the STAND-IN for Proxmox's pvesh;
+- `/usr/bin/pveversion`: a STAND-IN printing the release the pvesh stand-in reports;
+- `/etc/pvegpu-lab/pve.json`: the stand-in's settings (node name, the node's sysfs root, the hypervisor
+  request directory);
+and starts `python -m lab.pve.hypervisor` as the host's companion (stopped by `lab down NAME`, which also
+stops the VM guests it started).
+
+Which lab hosts are what (for inventories): a Proxmox node's state directory holds `pve-node.json` (the
+stand-in's settings), a VM guest's holds `pve-guest.json` (`{"node": ..., "vmid": ...}`); see `role_of`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from lab import hosts
+
+PVESH = Path(__file__).with_name("pvesh.py")
+CONFIG = "etc/pvegpu-lab/pve.json"
+HV_DIR = "var/lib/pvegpu-lab/hv"  # the hypervisor's request directory, in the node's root
+NODE_RECORD = "pve-node.json"
+# LAB STAND-IN for `pveversion`: the release the pvesh stand-in reports (its default `version`, 9.0.3).
+PVEVERSION = """#!/bin/sh
+# LAB STAND-IN for Proxmox VE's pveversion (pvegpu lab, lab/pve/node.py).
+echo 'pve-manager/9.0.3/0a1b2c3d4e5f6a7b (running kernel: 6.8.12-4-pve)'
+"""
+GUEST_RECORD = "pve-guest.json"
+
+
+def settings(host: hosts.LabHost) -> dict[str, object]:
+    """The stand-in's settings for `host` (see lab/pve/pvesh.py)."""
+    return {"node": host.name, "sysfs_root": host.sysfs_root, "hypervisor_dir": f"/{HV_DIR}"}
+
+
+def install(host: hosts.LabHost) -> None:
+    pvesh = host.root / "usr/bin/pvesh"
+    shutil.copyfile(PVESH, pvesh)
+    pvesh.chmod(0o755)
+    config = host.root / CONFIG
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(settings(host), indent=1, sort_keys=True) + "\n")
+    (host.root / HV_DIR).mkdir(parents=True, exist_ok=True)
+    pveversion = host.root / "usr/bin/pveversion"
+    pveversion.write_text(PVEVERSION)
+    pveversion.chmod(0o755)
+    (host.state_dir / NODE_RECORD).write_text(json.dumps(settings(host), indent=1, sort_keys=True) + "\n")
+
+
+def role_of(host: hosts.LabHost) -> Literal["pve", "guest"] | None:
+    """ "pve" for a Proxmox lab node, "guest" for a VM guest started by one, None for a plain lab host."""
+    if (host.state_dir / NODE_RECORD).is_file():
+        return "pve"
+    return "guest" if (host.state_dir / GUEST_RECORD).is_file() else None
+
+
+def guest_vm(host: hosts.LabHost) -> dict[str, Any] | None:
+    """`{"node": <node name>, "vmid": <int>}` for a VM guest, else None."""
+    record = host.state_dir / GUEST_RECORD
+    return dict(json.loads(record.read_text())) if record.is_file() else None
+
+
+def up(
+    name: str, topology: str, mode: hosts.Mode = "netns", guest_mode: hosts.Mode = "nspawn"
+) -> hosts.LabHost:
+    """Start Proxmox lab node `name`; its VM guests will run as `guest_mode` lab hosts. Raises LabError like
+    `lab.hosts.up`; a failed start is cleaned up."""
+    host = hosts.up(name, topology, mode)
+    try:
+        install(host)
+        argv = [sys.executable, "-m", "lab.pve.hypervisor", name, str(host.state_dir)]
+        hosts.start_companion(name, [*argv, "--guest-mode", guest_mode])
+    except BaseException:
+        hosts.down(name)
+        raise
+    return host

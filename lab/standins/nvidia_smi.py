@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""STAND-IN nvidia-smi (pvegpu lab): lists the NVIDIA display functions of the guest's fake sysfs.
+
+Settings come from /etc/pvegpu-lab/nvidia.env (`SYSFS_ROOT=`, `VERSION_FILE=`), written by the lab when it
+starts a guest: the fake sysfs tree plays /sys and VERSION_FILE plays /proc/driver/nvidia/version (the loaded
+module, written by the stand-in kernel module package). Like the real tool it refuses to run when no module
+is loaded (exit 9) and numbers GPUs in PCI bus order. Supported: no arguments, `-L`, and
+`--query-gpu=FIELD[,FIELD...] --format=csv[,noheader][,nounits]` for the fields in FIELDS.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+SETTINGS = Path("/etc/pvegpu-lab/nvidia.env")
+NVIDIA, DISPLAY_CLASS = "0x10de", "0x03"
+NAMES = {"0x2bb1": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+COMPUTE_CAP = {"0x2bb1": "12.0"}
+FIELDS = ("index", "name", "pci.bus_id", "driver_version", "uuid", "compute_cap")
+_VERSION = re.compile(r"Kernel Module for \S+\s+(\d+\.\d+(?:\.\d+)?)\s")
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running. (pvegpu lab STAND-IN)"
+)
+
+
+def settings() -> dict[str, str]:
+    values = {"SYSFS_ROOT": "/sys", "VERSION_FILE": "/proc/driver/nvidia/version"}
+    if SETTINGS.is_file():
+        for line in SETTINGS.read_text().splitlines():
+            name, sep, value = line.partition("=")
+            if sep and not name.startswith("#"):
+                values[name.strip()] = value.strip()
+    return values
+
+
+def gpus(sysfs_root: Path) -> list[tuple[str, str]]:
+    """(address, device id) of every NVIDIA display function, in bus order."""
+    found = []
+    for device in sorted((sysfs_root / "bus/pci/devices").iterdir()):
+        vendor = (device / "vendor").read_text().strip()
+        if vendor == NVIDIA and (device / "class").read_text().startswith(DISPLAY_CLASS):
+            found.append((device.name, (device / "device").read_text().strip()))
+    return found
+
+
+def field(name: str, index: int, address: str, device: str, version: str) -> str:
+    domain, rest = address.split(":", 1)
+    values = {
+        "index": str(index),
+        "name": NAMES.get(device, f"NVIDIA Device {device[2:]} (STAND-IN)"),
+        "pci.bus_id": f"0000{domain}:{rest}".upper(),
+        "driver_version": version,
+        "uuid": f"GPU-5ba11ab0-0000-4000-8000-{address.replace(':', '').replace('.', ''):0>12}",
+        "compute_cap": COMPUTE_CAP.get(device, "[N/A]"),
+    }
+    return values[name]
+
+
+def print_query(names: list[str], form: list[str], found: list[tuple[str, str]], version: str) -> int:
+    """`--query-gpu=NAMES --format=FORM`: one CSV line per GPU (after a header unless `noheader`)."""
+    for name in names:
+        if name not in FIELDS:
+            print(f'Field "{name}" is not a valid field to query.\n')
+            return 2
+    if "csv" not in form:
+        print('"--format" is required with "--query-gpu" (STAND-IN supports csv only)')
+        return 2
+    if "noheader" not in form:
+        print(", ".join(names))
+    for index, (address, device) in enumerate(found):
+        print(", ".join(field(n, index, address, device, version) for n in names))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    config = settings()
+    version_file = Path(config["VERSION_FILE"])
+    match = _VERSION.search(version_file.read_text()) if version_file.is_file() else None
+    if match is None:
+        print(NO_DRIVER)
+        return 9
+    version = match[1]
+    found = gpus(Path(config["SYSFS_ROOT"]))
+    if not found:
+        print("No devices were found")
+        return 6
+    query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
+    if query is not None:
+        form = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "")
+        return print_query(query.split(","), form.split(","), found, version)
+    if argv and argv != ["-L"]:
+        print(f"STAND-IN nvidia-smi: unsupported arguments {' '.join(argv)}")
+        return 2
+    if not argv:
+        print(f"NVIDIA-SMI {version} (pvegpu lab STAND-IN)    Driver Version: {version}")
+    for index, (address, device) in enumerate(found):
+        uuid = field("uuid", index, address, device, version)
+        print(f"GPU {index}: {field('name', index, address, device, version)} (UUID: {uuid})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

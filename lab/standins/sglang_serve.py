@@ -1,0 +1,240 @@
+"""STAND-IN `sglang` launcher (pvegpu lab): checks `sglang serve` argv, then serves a tiny OpenAI-style API.
+
+Packaged by `lab.guest_payload` as the `sglang` command of a stand-in `sglang` wheel (version
+`<pinned>+pvegpulab`) with the pinned SGLang's option table beside it (`options.json`, `deprecated.json`:
+the same data as pvegpu/data/sglang). Runs in the guest's venv, standard library only.
+
+The argv check follows SGLang's argparse parser and pvegpu's stricter rules (`pvegpu.plan.sglang.check_argv`;
+tests/unit/test_lab_standins.py holds both to the same verdicts): unknown options, abbreviations, deprecated
+options, an option twice, missing or bad values, missing required options exit 2 with
+`sglang serve: error: <problem>` lines on stderr, like argparse. Then it serves on --host/--port:
+`GET /health` and `GET /ready` (never need the key), `GET /v1/models`, `POST /v1/chat/completions`
+(answers "STAND-IN reply to: <last user message>"), `GET /metrics` with --enable-metrics. With --api-key,
+everything else needs `Authorization: Bearer <key>` (401 otherwise), as SGLang does. With NCCL_DEBUG=INFO it
+logs the NCCL channel lines the real server would, with the transport the flags imply (SHM when
+--enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor has something to read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OPTIONS, DEPRECATED = HERE / "options.json", HERE / "deprecated.json"
+_INT = re.compile(r"-?\d+")
+_HUMAN_INT = re.compile(r"\d+(\.\d+)?([kKmMgGtT]i?)?")
+UNAUTHENTICATED = ("/health", "/ready", "/metrics")
+
+
+def load_table() -> tuple[str, list[dict[str, Any]], dict[str, str]]:
+    dump = json.loads(OPTIONS.read_text())
+    deprecated = json.loads(DEPRECATED.read_text())["deprecated"]
+    return dump["sglang_version"], dump["options"], deprecated
+
+
+def _fits(type_name: str | None, value: str) -> bool:
+    if type_name == "int":
+        return _INT.fullmatch(value) is not None
+    if type_name == "human_readable_int":
+        return _INT.fullmatch(value) is not None or _HUMAN_INT.fullmatch(value) is not None
+    if type_name == "float":
+        try:
+            float(value)
+        except ValueError:
+            return False
+    return True
+
+
+def _unknown(name: str, by_name: dict[str, dict[str, Any]], version: str) -> str:
+    canonical = sorted({by_name[n]["option_strings"][0] for n in by_name if n.startswith(name)})
+    if len(canonical) > 1:
+        return f"{name} is ambiguous: it abbreviates {', '.join(canonical)}"
+    if canonical:
+        return f"{name} abbreviates {canonical[0]}: use the full option name"
+    return f"{name} is not an option of sglang serve {version}"
+
+
+def _skip(argv: list[str], index: int) -> int:
+    while index < len(argv) and not argv[index].startswith("--"):
+        index += 1
+    return index
+
+
+def _words(option: dict[str, Any], argv: list[str], index: int, inline: str | None) -> tuple[list[str], int]:
+    if inline is not None:
+        return [inline], index
+    if option["nargs"] in ("+", "*"):
+        end = _skip(argv, index)
+        return argv[index:end], end
+    if index < len(argv) and not argv[index].startswith("--"):
+        return [argv[index]], index + 1
+    return [], index
+
+
+def _value_problems(name: str, option: dict[str, Any], words: list[str]) -> list[str]:
+    if not words:
+        return [] if option["nargs"] in ("?", "*") else [f"{name} expects a value"]
+    problems = []
+    for word in words:
+        if option["choices"] is not None and word not in option["choices"]:
+            problems.append(f"{name}: {word!r} is not a choice")
+        elif not _fits(option["type"], word):
+            problems.append(f"{name}: {word!r} is not a valid {option['type']}")
+    return problems
+
+
+def check(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """(problems, values by dest) for the words after `sglang serve`."""
+    version, options, deprecated = load_table()
+    by_name = {name: option for option in options for name in option["option_strings"]}
+    problems: list[str] = []
+    values: dict[str, list[str]] = {}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if not token.startswith("--"):
+            problems.append(f"{token!r} is not an option (a value with no option before it)")
+            continue
+        name, has_inline, inline = token.partition("=")
+        option = by_name.get(name)
+        if option is None:
+            problems.append(_unknown(name, by_name, version))
+            index = _skip(argv, index)
+            continue
+        dest = option["dest"]
+        if any(n in deprecated for n in option["option_strings"]):
+            problems.append(f"{name} is deprecated in sglang {version}")
+        if dest in values:
+            problems.append(f"{name} is given twice")
+        if not option["takes_value"]:
+            if has_inline:
+                problems.append(f"{name} takes no value")
+            values[dest] = []
+            continue
+        words, index = _words(option, argv, index, inline if has_inline else None)
+        problems.extend(_value_problems(name, option, words))
+        values[dest] = words
+    for option in options:
+        if option["required"] and option["dest"] not in values:
+            problems.append(f"{option['option_strings'][0]} is required")
+    return problems, values
+
+
+def _one(values: dict[str, list[str]], dest: str, default: str) -> str:
+    return values[dest][0] if values.get(dest) else default
+
+
+def log_nccl_channels(values: dict[str, list[str]]) -> None:
+    """What NCCL_DEBUG=INFO would print about the transport between the tensor-parallel ranks."""
+    if os.environ.get("NCCL_DEBUG") != "INFO":
+        return
+    ranks = int(_one(values, "tp_size", "1"))
+    via = "SHM/direct" if "enable_p2p_check" in values else "P2P/CUMEM/read"
+    print("NCCL INFO NCCL version 2.30.7+cuda13.0 (pvegpu lab STAND-IN)", flush=True)
+    for rank in range(ranks if ranks > 1 else 0):
+        peer = (rank + 1) % ranks
+        channel = "00" if via.startswith("SHM") else "00/0"
+        print(f"NCCL INFO Channel {channel} : {rank}[{rank}] -> {peer}[{peer}] via {via}", flush=True)
+
+
+def make_handler(values: dict[str, list[str]], api_key: str | None) -> type[BaseHTTPRequestHandler]:
+    served = _one(values, "served_model_name", _one(values, "model_path", "model"))
+    model_path = _one(values, "model_path", "")
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "sglang-STAND-IN"
+
+        def _send(self, status: int, body: object, content_type: str = "application/json") -> None:
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self) -> bool:
+            if api_key is None or self.path.startswith(UNAUTHENTICATED):
+                return True
+            if self.headers.get("Authorization") == f"Bearer {api_key}":
+                return True
+            self._send(401, {"error": "Unauthorized (pvegpu lab STAND-IN)"})
+            return False
+
+        def do_GET(self) -> None:
+            if not self._authorized():
+                return
+            if self.path in ("/health", "/ready"):
+                self._send(200, "", "text/plain")
+            elif self.path == "/v1/models":
+                model = {"id": served, "object": "model", "owned_by": "sglang STAND-IN", "root": model_path}
+                self._send(200, {"object": "list", "data": [model]})
+            elif self.path == "/metrics" and "enable_metrics" in values:
+                self._send(200, "# pvegpu lab STAND-IN\nsglang_stand_in 1\n", "text/plain")
+            else:
+                self._send(404, {"error": f"{self.path} not found"})
+
+        def do_POST(self) -> None:
+            if not self._authorized():
+                return
+            if self.path != "/v1/chat/completions":
+                self._send(404, {"error": f"{self.path} not found"})
+                return
+            request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+            messages = request.get("messages") or [{}]
+            reply = f"STAND-IN reply to: {messages[-1].get('content', '')}"
+            words = len(reply.split())
+            self._send(
+                200,
+                {
+                    "id": "chatcmpl-standin",
+                    "object": "chat.completion",
+                    "model": served,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": reply},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": words, "total_tokens": words + 1},
+                },
+            )
+
+        def log_message(self, format: str, *args: Any) -> None:
+            print(f"sglang STAND-IN: {format % args}", flush=True)
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "serve":
+        print("usage: sglang serve [options]  (pvegpu lab STAND-IN)", file=sys.stderr)
+        return 2
+    problems, values = check(argv[1:])
+    if problems:
+        for problem in problems:
+            print(f"sglang serve: error: {problem}", file=sys.stderr)
+        return 2
+    model_path = _one(values, "model_path", "")
+    if not Path(model_path).is_dir():
+        print(f"sglang serve: error: model path {model_path} is not a directory", file=sys.stderr)
+        return 1
+    api_key = _one(values, "api_key", "") or None
+    host, port = _one(values, "host", "127.0.0.1"), int(_one(values, "port", "30000"))
+    print(f"sglang STAND-IN (pvegpu lab): serving {model_path} on {host}:{port}", flush=True)
+    log_nccl_channels(values)
+    server = ThreadingHTTPServer((host, port), make_handler(values, api_key))
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The CPU vendor (which IOMMU the platform has: AMD-Vi or Intel VT-d) and the running kernel release."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.errors import FactParseError
+
+# /proc/cpuinfo `vendor_id` (x86 only) -> the vendor word of the kernel's `<vendor>_iommu=` parameter.
+VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
+_VENDOR_LINE = re.compile(r"vendor_id\s*:\s*(\S+)")
+_RELEASE = re.compile(r"(\d+)\.(\d+)\S*")
+
+
+class CpuVendor(FactBase[str | None]):
+    """`amd` or `intel` from the first `vendor_id` line of /proc/cpuinfo; None without one (not x86)."""
+
+    @override
+    def command(self) -> str:
+        return "grep -m1 '^vendor_id' /proc/cpuinfo || true"
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        return parse_cpu_vendor(output)
+
+
+class KernelRelease(FactBase[tuple[int, int]]):
+    """The running kernel's (major, minor) from `uname -r` (`6.8.12-4-pve` -> (6, 8))."""
+
+    @override
+    def command(self) -> str:
+        return "uname -r"
+
+    @override
+    def process(self, output: list[str]) -> tuple[int, int]:
+        return parse_kernel_release(output)
+
+
+def parse_cpu_vendor(lines: Sequence[str]) -> str | None:
+    """`vendor_id\\t: AuthenticAMD` -> `amd`; no output -> None. Pure.
+
+    Raises FactParseError for another line shape or a vendor without a known IOMMU parameter.
+    """
+    text = [line for line in lines if line.strip()]
+    if not text:
+        return None
+    match = _VENDOR_LINE.fullmatch(text[0].strip())
+    if match is None or len(text) != 1:
+        raise FactParseError(f"/proc/cpuinfo: expected one 'vendor_id : <vendor>' line, got {text!r}")
+    if match[1] not in VENDORS:
+        raise FactParseError(
+            f"/proc/cpuinfo: CPU vendor {match[1]!r} is neither {' nor '.join(sorted(VENDORS))}"
+        )
+    return VENDORS[match[1]]
+
+
+def parse_kernel_release(lines: Sequence[str]) -> tuple[int, int]:
+    """`6.8.12-4-pve` -> (6, 8). Pure; raises FactParseError for anything else."""
+    text = [line.strip() for line in lines if line.strip()]
+    match = _RELEASE.fullmatch(text[0]) if len(text) == 1 else None
+    if match is None:
+        raise FactParseError(f"uname -r: expected a release like 6.8.12-4-pve, got {text!r}")
+    return int(match[1]), int(match[2])

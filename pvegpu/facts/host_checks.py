@@ -1,0 +1,120 @@
+"""Read-only host checks for the doctor: interrupt remapping, CPU idle states, NUMA nodes, and the PCI config
+space of the GPUs and the ports above them (ACS, Resizable BAR). One command; parsing is pure.
+
+Config space beyond the first 64 bytes is readable by root only; a shorter read is reported as such, never
+guessed. Extended capabilities (PCIe spec 7.6): a 32-bit header at 0x100 (id: bits 0-15, next: bits 20-31).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.sections import marker, split_sections
+
+_SECTIONS = ("interrupts", "cpuidle", "numa", "config", "end")
+_CPUIDLE = re.compile(r".*/cpuidle/state(\d+)/(name|disable):(.*)")
+_NUMA = re.compile(r".*/node/node(\d+)/cpulist:(.*)")
+_CONFIG = re.compile(r"([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ?([0-9a-f]*)")
+EXT_CAP_ACS = 0x000D
+EXT_CAP_REBAR = 0x0015
+EXTENDED_START = 0x100
+
+
+@dataclass(frozen=True)
+class IdleState:
+    index: int
+    name: str
+    disabled: bool
+
+
+@dataclass(frozen=True)
+class HostCheckData:
+    """`remapped_interrupts`: lines of /proc/interrupts on an `IR-` (remapped) chip. `config`: raw config
+    space bytes per address (as long as the read returned)."""
+
+    remapped_interrupts: int
+    idle_states: tuple[IdleState, ...]
+    numa_cpulists: dict[int, str]
+    config: dict[str, bytes]
+
+
+class HostChecks(FactBase[HostCheckData]):
+    """Interrupt remapping, cpu0's idle states, NUMA nodes, config space of `addresses` (module docstring)."""
+
+    @override
+    def command(self, sysfs_root: str = "/sys", addresses: Sequence[str] = ()) -> str:
+        root = shlex.quote(sysfs_root.rstrip("/"))
+        idle = f"{root}/devices/system/cpu/cpu0/cpuidle"
+        devices = " ".join(shlex.quote(a) for a in addresses)
+        return "; ".join(
+            (
+                f"echo {shlex.quote(marker('interrupts'))}",
+                "grep -c 'IR-' /proc/interrupts || true",
+                f"echo {shlex.quote(marker('cpuidle'))}",
+                f"grep -sH . {idle}/state*/name {idle}/state*/disable || true",
+                f"echo {shlex.quote(marker('numa'))}",
+                f"grep -sH . {root}/devices/system/node/node*/cpulist || true",
+                f"echo {shlex.quote(marker('config'))}",
+                f'for a in {devices}; do printf "%s " "$a"; '
+                f"od -An -v -tx1 {root}/bus/pci/devices/$a/config | tr -d ' \\n'; echo; done",
+                f"echo {shlex.quote(marker('end'))}",
+            )
+        )
+
+    @override
+    def process(self, output: list[str]) -> HostCheckData:
+        return parse_host_checks(output)
+
+
+def parse_host_checks(lines: Sequence[str]) -> HostCheckData:
+    """Output of `HostChecks().command(...)` -> HostCheckData. Pure; FactParseError names the bad line."""
+    sections = split_sections(lines, _SECTIONS)
+    counts = [line.strip() for _, line in sections["interrupts"] if line.strip()]
+    if len(counts) != 1 or not counts[0].isdigit():
+        raise FactParseError(f"interrupts: expected one count, got {counts!r}")
+    names: dict[int, str] = {}
+    disabled: dict[int, bool] = {}
+    for number, line in sections["cpuidle"]:
+        match = _CPUIDLE.fullmatch(line)
+        if match is None:
+            raise FactParseError(
+                f"line {number}: expected .../cpuidle/stateN/name|disable:VALUE, got {line!r}"
+            )
+        if match[2] == "name":
+            names[int(match[1])] = match[3]
+        else:
+            disabled[int(match[1])] = match[3].strip() == "1"
+    numa: dict[int, str] = {}
+    for number, line in sections["numa"]:
+        match = _NUMA.fullmatch(line)
+        if match is None:
+            raise FactParseError(f"line {number}: expected .../node/nodeN/cpulist:LIST, got {line!r}")
+        numa[int(match[1])] = match[2]
+    config: dict[str, bytes] = {}
+    for number, line in sections["config"]:
+        match = _CONFIG.fullmatch(line.strip())
+        if match is None or len(match[2]) % 2:
+            raise FactParseError(f"line {number}: expected '<address> <hex bytes>', got {line[:80]!r}")
+        config[match[1]] = bytes.fromhex(match[2])
+    states = tuple(IdleState(i, names[i], disabled.get(i, False)) for i in sorted(names))
+    return HostCheckData(int(counts[0]), states, numa, config)
+
+
+def extended_capabilities(config: bytes) -> dict[int, int]:
+    """Extended capability id -> offset. Pure; {} when the config read stopped before 0x100."""
+    found: dict[int, int] = {}
+    offset = EXTENDED_START
+    while EXTENDED_START <= offset <= len(config) - 4 and offset not in found.values():
+        header = int.from_bytes(config[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        found.setdefault(header & 0xFFFF, offset)
+        offset = (header >> 20) & 0xFFC
+    return found

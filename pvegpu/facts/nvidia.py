@@ -1,0 +1,158 @@
+"""What the NVIDIA driver on a host says: the loaded kernel module (version file) and nvidia-smi's GPU list.
+
+Facts run one command each and accept empty output (no driver yet: the usual case on first provisioning);
+parsing is in pure functions. Formats: /proc/driver/nvidia/version's first line is
+`NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (...)` for the open
+flavour and `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  ...` for the proprietary one
+(shared/knowledge/sglang-nccl-drivers-lxc-bios.md section 4.1); nvidia-smi's
+`--query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader` prints one
+`0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 00000000:01:00.0, 580.95.05` line per GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.errors import FactParseError
+
+GPU_QUERY = "index,name,pci.bus_id,driver_version"
+_MODULE = re.compile(
+    r"NVRM version: NVIDIA UNIX (?P<open>Open )?(?:x86_64 )?Kernel Module(?: for \S+)?\s+"
+    r"(?P<version>\d+\.\d+(?:\.\d+)?)\s"
+)
+_GPU = re.compile(
+    r"(?P<index>\d+), (?P<name>.+), (?P<bus>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d), (?P<v>\S+)"
+)
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    """The NVIDIA kernel module the running kernel has loaded."""
+
+    flavour: Literal["open", "proprietary"]
+    version: str
+
+
+@dataclass(frozen=True)
+class NvidiaGpu:
+    """One GPU as nvidia-smi lists it."""
+
+    index: int
+    name: str
+    bus_id: str
+    driver_version: str
+
+
+@dataclass(frozen=True)
+class NvidiaSmi:
+    """nvidia-smi's GPU list, or (`error`) what it printed instead: no driver loaded, no devices."""
+
+    gpus: tuple[NvidiaGpu, ...]
+    error: str | None
+
+
+def parse_version_file(lines: Sequence[str]) -> LoadedModule | None:
+    """The loaded module from the version file's lines; None for no output (no module loaded). Pure.
+
+    Raises FactParseError when the file has text but no `NVRM version:` line pvegpu understands.
+    """
+    text = "\n".join(lines).strip()
+    if not text:
+        return None
+    match = _MODULE.search(text)
+    if match is None:
+        raise FactParseError(
+            f"NVIDIA version file: no 'NVRM version: ... Kernel Module <version>' in {text!r}"
+        )
+    return LoadedModule("open" if match["open"] else "proprietary", match["version"])
+
+
+def parse_nvidia_smi(lines: Sequence[str]) -> NvidiaSmi:
+    """nvidia-smi's CSV query output (with its exit status lines appended by the fact's command). Pure.
+
+    Every line is a GPU, or else the whole output is returned as the error (nvidia-smi prints its reason,
+    e.g. `NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver`, and exits non-zero).
+    """
+    text = [line.strip() for line in lines if line.strip()]
+    if not text:
+        return NvidiaSmi((), "nvidia-smi printed nothing (not installed?)")
+    gpus = []
+    for line in text:
+        match = _GPU.fullmatch(line)
+        if match is None:
+            return NvidiaSmi((), " ".join(text))
+        gpus.append(NvidiaGpu(int(match["index"]), match["name"], match["bus"], match["v"]))
+    return NvidiaSmi(tuple(gpus), None)
+
+
+class NvidiaModule(FactBase[LoadedModule | None]):
+    """The loaded NVIDIA kernel module from `version_file` (default /proc/driver/nvidia/version); None when
+    the file is absent (no module loaded)."""
+
+    @override
+    def command(self, version_file: str = "/proc/driver/nvidia/version") -> StringCommand:
+        return StringCommand("cat", QuoteString(version_file), "2>/dev/null", "||", "true")
+
+    @override
+    def process(self, output: list[str]) -> LoadedModule | None:
+        return parse_version_file(output)
+
+
+class NvidiaGpus(FactBase[NvidiaSmi]):
+    """nvidia-smi's GPU list (`NvidiaSmi`); its message as `error` when it fails or is not installed."""
+
+    @staticmethod
+    def default() -> NvidiaSmi:
+        return parse_nvidia_smi([])
+
+    @override
+    def command(self) -> str:
+        return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader 2>&1 || true"
+
+    @override
+    def process(self, output: list[str]) -> NvidiaSmi:
+        return parse_nvidia_smi(output)
+
+
+@dataclass(frozen=True)
+class AptSource:
+    """The CUDA repository's apt state: the cuda-keyring key is installed; the source list's content."""
+
+    keyring: bool
+    content: str | None
+
+
+def parse_apt_source(lines: Sequence[str]) -> AptSource:
+    """`keyring yes|no`, then `list` and the list file's lines (absent: no `list` line). Pure."""
+    if not lines or lines[0] not in ("keyring yes", "keyring no"):
+        raise FactParseError(f"CUDA apt source: expected 'keyring yes|no' first, got {list(lines[:1])!r}")
+    content = "".join(f"{line}\n" for line in lines[2:]) if lines[1:2] == ["list"] else None
+    return AptSource(keyring=lines[0] == "keyring yes", content=content)
+
+
+class CudaAptSource(FactBase[AptSource]):
+    """Whether `keyring` exists and what `list_path` holds (None when absent)."""
+
+    @override
+    def command(self, keyring: str, list_path: str) -> StringCommand:
+        return StringCommand(
+            "if test -f",
+            QuoteString(keyring),
+            "; then echo 'keyring yes'; else echo 'keyring no'; fi;",
+            "if test -f",
+            QuoteString(list_path),
+            "; then echo list; cat",
+            QuoteString(list_path),
+            "; fi",
+        )
+
+    @override
+    def process(self, output: list[str]) -> AptSource:
+        return parse_apt_source(output)

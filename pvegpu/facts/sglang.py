@@ -1,0 +1,156 @@
+"""The SGLang service's host-side state: the version in its venv, and whether its HTTP API answers.
+
+`SglangVenv(venv)` -> `VenvState`; `SglangProbe(python, base_url, key_file)` -> `Probe`;
+`SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`).
+The probe is one Python process on the host (urllib): `GET /health`, then `GET /v1/models` with
+`Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it). Parsing is pure
+(`parse_venv`, `parse_probe`; the NCCL lines: `parse_transports`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.nccl import ChannelTransport, parse_transports
+
+PACKAGE = "sglang"
+_VERSION_SCRIPT = (
+    "import importlib.metadata as m\n"
+    "try:\n    print('version', m.version('sglang'))\n"
+    "except m.PackageNotFoundError:\n    print('version none')\n"
+)
+PROBE_SCRIPT = """\
+import json, sys, urllib.request
+base, key_file = sys.argv[1], sys.argv[2]
+def get(path, auth):
+    request = urllib.request.Request(base + path)
+    if auth and key_file:
+        with open(key_file) as f:
+            request.add_header("Authorization", "Bearer " + f.read().strip())
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.read()
+try:
+    get("/health", False)
+    models = json.loads(get("/v1/models", True))["data"]
+    print("ok " + ",".join(model["id"] for model in models))
+except Exception as error:
+    print("fail " + " ".join(str(error).split()))
+"""
+
+
+@dataclass(frozen=True)
+class VenvState:
+    """`python`: the venv's interpreter exists; `version`: the installed sglang distribution's, or None."""
+
+    python: bool
+    version: str | None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """`ok`: /health and /v1/models answered; `detail`: the served model ids, or what failed."""
+
+    ok: bool
+    detail: str
+
+
+def parse_venv(lines: Sequence[str]) -> VenvState:
+    """`version 0.5.23` / `version none` / nothing (no interpreter). Pure; FactParseError otherwise."""
+    text = [line.strip() for line in lines if line.strip()]
+    if not text:
+        return VenvState(python=False, version=None)
+    words = text[-1].split()
+    if len(words) != 2 or words[0] != "version":
+        raise FactParseError(f"sglang venv: expected 'version <v>|none', got {text!r}")
+    return VenvState(python=True, version=None if words[1] == "none" else words[1])
+
+
+def parse_probe(lines: Sequence[str]) -> Probe:
+    """`ok <id,...>` or `fail <reason>` (the probe's only outputs); nothing: the interpreter is missing."""
+    text = " ".join(line.strip() for line in lines if line.strip())
+    verdict, _, detail = text.partition(" ")
+    if verdict == "ok":
+        return Probe(True, detail)
+    if verdict == "fail":
+        return Probe(False, detail)
+    return Probe(False, text or "the probe printed nothing (no Python in the venv?)")
+
+
+def probe_command(python: str, base_url: str, key_file: str | None) -> StringCommand:
+    """The probe as one command line (also run by the readiness wait)."""
+    return StringCommand(
+        QuoteString(python),
+        "-c",
+        QuoteString(PROBE_SCRIPT),
+        QuoteString(base_url),
+        QuoteString(key_file or ""),
+    )
+
+
+class SglangVenv(FactBase[VenvState]):
+    """The venv at `venv`: whether its python exists and which sglang it holds."""
+
+    @staticmethod
+    def default() -> VenvState:
+        return parse_venv([])
+
+    @override
+    def command(self, venv: str) -> StringCommand:
+        python = f"{venv}/bin/python"
+        return StringCommand(
+            "!",
+            "test",
+            "-x",
+            QuoteString(python),
+            "||",
+            QuoteString(python),
+            "-c",
+            QuoteString(_VERSION_SCRIPT),
+        )
+
+    @override
+    def process(self, output: list[str]) -> VenvState:
+        return parse_venv(output)
+
+
+class SglangProbe(FactBase[Probe]):
+    """Whether SGLang at `base_url` answers /health and /v1/models (`key_file`: the API key on the host)."""
+
+    @staticmethod
+    def default() -> Probe:
+        return parse_probe([])
+
+    @override
+    def command(self, python: str, base_url: str, key_file: str | None = None) -> StringCommand:
+        return StringCommand(probe_command(python, base_url, key_file), "2>&1", "||", "true")
+
+    @override
+    def process(self, output: list[str]) -> Probe:
+        return parse_probe(output)
+
+
+class SglangNcclChannels(FactBase[tuple[ChannelTransport, ...]]):
+    """NCCL's channel lines from the journal of the service's current run (its systemd invocation), parsed
+    by `parse_transports`; () when the service never ran or logged none."""
+
+    @override
+    def command(self) -> str:
+        invocation = "$(systemctl show -p InvocationID --value sglang.service)"
+        return (
+            f'journalctl -u sglang.service -o cat --no-pager _SYSTEMD_INVOCATION_ID="{invocation}" '
+            "2>/dev/null | grep -F 'NCCL INFO' || true"
+        )
+
+    @staticmethod
+    def default() -> tuple[ChannelTransport, ...]:
+        return ()
+
+    @override
+    def process(self, output: list[str]) -> tuple[ChannelTransport, ...]:
+        return parse_transports(output)

@@ -1,0 +1,142 @@
+"""Proxmox VE objects pvegpu reads and writes: cluster PCI mappings and their `map` entries, API results.
+
+Plain frozen data. The formats are Proxmox's (shared/knowledge/proxmox-pci-mapping.md):
+
+- a mapping id is a `pve-configid`: `^[a-z][a-z0-9_-]+$`, case-insensitive;
+- a `map` entry is a comma-separated `key=value` property string with the keys `node`, `path`, `id`
+  (required) and `subsystem-id`, `iommugroup`, `description` (optional). Proxmox stores entries verbatim;
+  `MapEntry.text` is the canonical form Proxmox's own writer prints (required keys sorted, then optional
+  keys sorted): `id=10de:2bb1,node=pve1,path=0000:41:00,iommugroup=14,subsystem-id=10de:204b`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+CONFIG_ID = re.compile(r"[a-z][a-z0-9_-]+", re.IGNORECASE)
+NODE_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?")
+# Domain required, lowercase hex only, function optional; `;` separates alternatives.
+_PCI_PATH = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
+PCI_PATH = re.compile(rf"(?:{_PCI_PATH};)*{_PCI_PATH}")
+PCI_ID = re.compile(r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}")
+INTEGER = re.compile(r"[+-]?\d+")
+DESCRIPTION_MAX = 4096
+
+
+@dataclass(frozen=True)
+class MapEntry:
+    """One `map` line of a PCI mapping: which device on which node the mapping stands for.
+
+    `iommugroup` and `subsystem-id` are what Proxmox's live check compares with the node's sysfs; an entry
+    lacking one the hardware reports fails that check, so pvegpu always writes both.
+    """
+
+    node: str
+    path: str
+    id: str
+    subsystem_id: str | None = None
+    iommugroup: int | None = None
+    description: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The property string in Proxmox's canonical key order."""
+        optional = {
+            "description": self.description,
+            "iommugroup": None if self.iommugroup is None else str(self.iommugroup),
+            "subsystem-id": self.subsystem_id,
+        }
+        parts = [f"id={self.id}", f"node={self.node}", f"path={self.path}"]
+        parts.extend(f"{key}={value}" for key, value in optional.items() if value is not None)
+        return ",".join(parts)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The `;`-separated alternatives of `path`, in the order Proxmox tries them."""
+        return tuple(self.path.split(";"))
+
+
+@dataclass(frozen=True)
+class PciMapping:
+    """One section of /etc/pve/mapping/pci.cfg (= one entry of `GET /cluster/mapping/pci`).
+
+    `map` holds the entries' property strings verbatim, as Proxmox stores them. Booleans are None when
+    the key is absent (Proxmox then treats them as 0).
+    """
+
+    id: str
+    map: tuple[str, ...]
+    description: str | None = None
+    mdev: bool | None = None
+    live_migration_capable: bool | None = None
+
+
+class Severity(StrEnum):
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class MappingCheck:
+    """One result of Proxmox's `check-node` check of a mapping, message verbatim (errors end in `\\n`)."""
+
+    severity: Severity
+    message: str
+
+
+@dataclass(frozen=True)
+class MappingState:
+    """A mapping as the API lists it: the section, the digest of the whole pci.cfg, and, when the list was
+    asked with `check-node`, the checks for that node (empty = valid there; None = not checked)."""
+
+    mapping: PciMapping
+    digest: str
+    checks: tuple[MappingCheck, ...] | None = None
+
+
+@dataclass(frozen=True)
+class NodePciDevice:
+    """One function of `GET /nodes/{node}/hardware/pci`: ids without `0x`, group -1 when there is none."""
+
+    address: str
+    class_code: int
+    vendor: str
+    device: str
+    subsystem_vendor: str | None
+    subsystem_device: str | None
+    iommugroup: int
+    mdev: bool
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """`GET /nodes/{node}/tasks/{upid}/status`: `exitstatus` is None while running, `OK` on success."""
+
+    upid: str
+    status: str
+    exitstatus: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "stopped" and self.exitstatus == "OK"
+
+
+@dataclass(frozen=True)
+class GuestConfig:
+    """A VM or container config as the API returns it: keys and values (ints/strings as Proxmox types them)
+    plus the `digest` of the config file, for an update that must not overwrite a concurrent edit."""
+
+    values: dict[str, object]
+    digest: str
+
+
+@dataclass(frozen=True)
+class VmStatus:
+    """`GET …/qemu/{vmid}/status/current`: `status` is `running` or `stopped`; `qmpstatus` may add detail."""
+
+    vmid: int
+    status: str
+    qmpstatus: str | None
+    name: str | None

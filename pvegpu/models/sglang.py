@@ -1,0 +1,288 @@
+"""The SGLang service an operator declares: host data key `sglang`.
+
+    ("pve1", {"node": {...}, "sglang": {"model_path": "/models/GLM-5-NVFP4", "tp_size": 4, "pp_size": 2}})
+
+Values that SGLang restricts to a set (quantization, KV-cache dtype, parsers) are checked against the pinned
+SGLang's own option table (`sglang_options`), so a typo fails at inventory validation, naming the field.
+Whether `tp_size * pp_size` fits the node's GPUs is checked by `pvegpu.plan.sglang.check_layout`, which
+needs the GPU count.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+
+from pvegpu.models.fields import AbsolutePath, shown
+from pvegpu.models.sglang_options import SGLANG_VERSION, load_option_table
+
+SGLANG_KEY = "sglang"
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# systemd EnvironmentFile values without quoting: no whitespace, quotes, backslash or `$` expansion.
+_ENV_VALUE = re.compile(r"[^\s\"'\\$]*")
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})")
+_HOST = re.compile(r"[A-Za-z0-9.:-]+")
+
+
+def _choice_of(flag: str) -> Callable[[str | None], str | None]:
+    """A validator accepting None or one of `flag`'s choices in the pinned SGLang."""
+
+    def check(value: str | None) -> str | None:
+        choices = load_option_table().option(flag).choices or ()
+        if value is not None and value not in choices:
+            raise ValueError(
+                f"{shown(value)} is not a choice of {flag} in sglang {load_option_table().version} "
+                f"(choose from {', '.join(choices)})"
+            )
+        return value
+
+    return check
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{shown(name)} is not an environment variable name")
+        if not _ENV_VALUE.fullmatch(value):
+            raise ValueError(f"{name}: {shown(value)} may not hold whitespace, quotes, backslashes or $")
+    return env
+
+
+def _check_extra(args: tuple[str, ...]) -> tuple[str, ...]:
+    for arg in args:
+        if not arg or "\n" in arg or "\x00" in arg:
+            raise ValueError(f"{shown(arg)} is not a command-line argument")
+    return args
+
+
+def is_loopback(host: str) -> bool:
+    """`127.0.0.1`, `::1`, `localhost` and the rest of 127/8 are loopback; anything else is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SglangSpec(BaseModel):
+    """How SGLang serves the model on the node (VM guest, container or host): host data key `sglang`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    model_path: AbsolutePath = Field(
+        default="/models/GLM-5-NVFP4",
+        description="Absolute path of the model directory on the serving host (`--model-path`).",
+    )
+    served_model_name: str = Field(
+        default="glm-5",
+        min_length=1,
+        description="Model name clients use and `/v1/models` returns (`--served-model-name`).",
+    )
+    tp_size: StrictInt = Field(
+        default=8,
+        ge=1,
+        description=(
+            "Tensor-parallel width (`--tp-size`); `tp_size * pp_size` must equal the GPUs of all nodes."
+        ),
+    )
+    pp_size: StrictInt = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Pipeline-parallel stages (`--pp-size`): TP8 is `tp_size 8, pp_size 1`; TP4+PP2 is `4, 2`."
+        ),
+    )
+    quantization: Annotated[str | None, AfterValidator(_choice_of("--quantization"))] = Field(
+        default="modelopt_fp4",
+        description=(
+            "Weight quantization (`--quantization`): `modelopt_fp4` for NVFP4 checkpoints; None: auto."
+        ),
+    )
+    kv_cache_dtype: Annotated[str, AfterValidator(_choice_of("--kv-cache-dtype"))] = Field(
+        default="bf16",
+        description=(
+            "KV-cache dtype (`--kv-cache-dtype`); `bf16` is the one reported to work on SM120 (RTX PRO 6000)."
+        ),
+    )
+    mem_fraction_static: float = Field(
+        default=0.88,
+        gt=0,
+        lt=1,
+        description="Share of each GPU's memory for weights and KV cache (`--mem-fraction-static`).",
+    )
+    context_length: StrictInt | None = Field(
+        default=131072,
+        ge=1,
+        description="Maximum context in tokens (`--context-length`); None: the model's own.",
+    )
+    chunked_prefill_size: StrictInt | None = Field(
+        default=8192,
+        ge=-1,
+        description=(
+            "Prefill chunk in tokens (`--chunked-prefill-size`); -1 disables chunking; None: SGLang's."
+        ),
+    )
+    cuda_graph_max_bs: StrictInt | None = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Largest decode batch captured as a CUDA graph (`--cuda-graph-max-bs-decode`); None: SGLang's."
+        ),
+    )
+    reasoning_parser: Annotated[str | None, AfterValidator(_choice_of("--reasoning-parser"))] = Field(
+        default="glm45",
+        description=(
+            "Reasoning-output parser (`--reasoning-parser`): `glm45` serves GLM-4.5 to GLM-5; None: off."
+        ),
+    )
+    tool_call_parser: Annotated[str | None, AfterValidator(_choice_of("--tool-call-parser"))] = Field(
+        default="glm47",
+        description="Tool-call parser (`--tool-call-parser`): `glm47` serves GLM-4.7 and GLM-5; None: off.",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description=(
+            "Let the checkpoint run its own Python code (`--trust-remote-code`); only for trusted models."
+        ),
+    )
+    api_key_file: AbsolutePath | None = Field(
+        default=None,
+        description=(
+            "Absolute path, on the serving host, of a 0600 file holding the API key clients must send "
+            "(`--api-key`); "
+            "required to listen beyond loopback. The key itself is never printed."
+        ),
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description=(
+            "Address the HTTP server listens on (`--host`); anything but loopback needs `api_key_file`."
+        ),
+    )
+    port: StrictInt = Field(default=30000, ge=1, le=65535, description="HTTP port (`--port`).")
+    enable_metrics: bool = Field(
+        default=True,
+        description=(
+            "Serve Prometheus metrics at `/metrics` (`--enable-metrics`; SGLang exempts it from the key)."
+        ),
+    )
+    nnodes: StrictInt = Field(
+        default=1,
+        ge=1,
+        description="Nodes serving the model together (`--nnodes`); more than 1 needs `dist_init_addr`.",
+    )
+    node_rank: StrictInt = Field(
+        default=0,
+        ge=0,
+        description="This node's rank among `nnodes` (`--node-rank`), from 0; rank 0 hosts `dist_init_addr`.",
+    )
+    dist_init_addr: str | None = Field(
+        default=None,
+        description=(
+            "`host:port` of rank 0 where the nodes meet (`--dist-init-addr`); only with `nnodes` > 1."
+        ),
+    )
+    extra_args: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "More `sglang serve` arguments, full option names only (e.g. `--watchdog-timeout`, `1200`); "
+            "checked against the pinned option table. Options set by the fields above are refused."
+        ),
+    )
+    env: dict[str, str] = Field(
+        default={},
+        description=(
+            "Environment for the service (`NCCL_*`, `SGLANG_*`, ...); overrides pvegpu's NCCL plan and is "
+            "shown in the env file. P2P-forcing variables are refused in the `vm` profile."
+        ),
+    )
+
+    user: str = Field(
+        default="sglang",
+        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        description="System user the service runs as (created without a login shell).",
+    )
+    venv: AbsolutePath = Field(
+        default="/opt/sglang/venv",
+        description=f"Python virtual environment holding the pinned SGLang ({SGLANG_VERSION}).",
+    )
+    pip_args: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Extra `pip install` arguments for SGLang, e.g. `--index-url`, URL or `--no-index`, "
+            "`--find-links`, DIR for an offline mirror (the lab's stand-in wheel)."
+        ),
+    )
+    model_repo: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$",
+        description=(
+            "Hugging Face repository to download into `model_path` when it has no `config.json` "
+            "(e.g. `nvidia/GLM-5-NVFP4`); None: the model is put there by other means."
+        ),
+    )
+    hf_token_file: AbsolutePath | None = Field(
+        default=None,
+        description=(
+            "Absolute path, on the serving host, of a 0600 file with the Hugging Face token for "
+            "`model_repo`; never printed."
+        ),
+    )
+    start_timeout_s: StrictInt = Field(
+        default=1200,
+        ge=1,
+        description=(
+            "Seconds to wait for `/health` and `/v1/models` after a (re)start (GLM-5 takes ~8 min to load)."
+        ),
+    )
+
+    _extra = field_validator("extra_args")(_check_extra)
+    _pip = field_validator("pip_args")(_check_extra)
+    _env = field_validator("env")(_check_env)
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk_not_zero(cls, size: int | None) -> int | None:
+        if size == 0:
+            raise ValueError("must be -1 (no chunking) or at least 1 (got 0)")
+        return size
+
+    @field_validator("host")
+    @classmethod
+    def _host_needs_key(cls, host: str, info: ValidationInfo) -> str:
+        if not _HOST.fullmatch(host):
+            raise ValueError(f"{shown(host)} is not a host name or IP address")
+        if not is_loopback(host) and info.data.get("api_key_file") is None:
+            raise ValueError(
+                f"{shown(host)} is not a loopback address: listening beyond this host needs api_key_file"
+            )
+        return host
+
+    @field_validator("node_rank")
+    @classmethod
+    def _rank_in_range(cls, rank: int, info: ValidationInfo) -> int:
+        nnodes = info.data.get("nnodes")
+        if nnodes is not None and rank >= nnodes:
+            raise ValueError(f"must be below nnodes ({nnodes}) (got {rank})")
+        return rank
+
+    @field_validator("dist_init_addr")
+    @classmethod
+    def _addr_with_nodes(cls, addr: str | None, info: ValidationInfo) -> str | None:
+        nnodes = info.data.get("nnodes")
+        if addr is None:
+            if nnodes is not None and nnodes > 1:
+                raise ValueError(f"is required when nnodes is {nnodes} (host:port of rank 0)")
+            return addr
+        match = _HOST_PORT.fullmatch(addr)
+        if match is None or not 1 <= int(match["port"]) <= 65535:
+            raise ValueError(f"{shown(addr)} is not host:port")
+        if nnodes == 1:
+            raise ValueError("is only used when nnodes is more than 1")
+        return addr

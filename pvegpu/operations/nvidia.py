@@ -1,0 +1,164 @@
+"""NVIDIA driver operations: the CUDA apt repository, the loaded kernel module (reboot), verification.
+
+Package installation, the nouveau drop-in and nvidia-persistenced use pyinfra's own `apt`, `files` and
+`systemd` operations (roles/nvidia_driver.py); these cover what pyinfra has no operation for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+
+from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import operation
+from pyinfra.api.state import State
+from pyinfra.context import host
+
+from pvegpu.facts.nvidia import (
+    GPU_QUERY,
+    CudaAptSource,
+    NvidiaGpus,
+    NvidiaModule,
+    parse_nvidia_smi,
+    parse_version_file,
+)
+from pvegpu.models.driver import DRIVER_KEY, DriverSpec
+from pvegpu.operations.files import write_file
+from pvegpu.operations.reboot import REBOOT
+from pvegpu.plan.driver import KEYRING, module_mismatch, verify_problems
+
+KEYRING_DOWNLOAD = "/tmp/pvegpu-cuda-keyring.deb"
+_REBOOT_DELAY_S = 5.0
+_POLL_S = 2.0
+
+
+@operation()
+def cuda_repository(
+    *, source_line: str, list_path: str, keyring_url: str
+) -> Generator[StringCommand, None, None]:
+    """NVIDIA's cuda-keyring installed (fetched from `keyring_url` with apt's own downloader, which speaks
+    https and file:) and `list_path` holding exactly `source_line`; `apt-get update` after either changed.
+
+    The keyring package ships its own list file at `list_path` pointing at NVIDIA's servers; pvegpu owns that
+    file (`--force-confold` keeps pvegpu's), so a mirror or a lab repository is the only source.
+    """
+    state = host.get_fact(CudaAptSource, keyring=KEYRING, list_path=list_path)
+    changed = False
+    if not state.keyring:
+        download = QuoteString(KEYRING_DOWNLOAD)
+        yield StringCommand(
+            "/usr/lib/apt/apt-helper", "download-file", QuoteString(keyring_url), download,
+            "&&", "dpkg", "--force-confold", "-i", download, "&&", "rm", "-f", download,
+        )  # fmt: skip
+        changed = True
+    if state.content != source_line:
+        yield write_file(list_path, source_line)
+        changed = True
+    if not changed:
+        host.noop(f"{list_path} already points apt at {source_line.split()[-2]} (key {KEYRING})")
+        return
+    yield StringCommand("apt-get", "update", "-qq")
+
+
+def _read_module(target: Host, version_file: str) -> str:
+    ok, output = target.run_shell_command(
+        StringCommand("cat", QuoteString(version_file), "2>/dev/null", "||", "true"), print_output=False
+    )
+    return "\n".join(output.stdout_lines) if ok else ""
+
+
+@operation()
+def driver_module(
+    *, driver: DriverSpec, installing: bool
+) -> Generator[StringCommand | FunctionCommand, None, None]:
+    """The pinned module loaded: noop when it is (and nothing is being installed); otherwise, after the
+    packages are installed, check again and reboot when allowed (then wait and check), or fail saying why."""
+    loaded = host.get_fact(NvidiaModule, version_file=driver.version_file)
+    if not installing and module_mismatch(driver, loaded) is None:
+        host.noop(f"the {driver.flavour} NVIDIA kernel module {driver.version} is loaded")
+        return
+
+    def mismatch(target: Host) -> str | None:
+        return module_mismatch(
+            driver, parse_version_file(_read_module(target, driver.version_file).splitlines())
+        )
+
+    if driver.allow_reboot:
+        yield from _reboot_when(mismatch, driver.reboot_timeout_s)
+        return
+
+    def check(state: State, host: Host) -> None:
+        del state
+        reason = mismatch(host)
+        if reason is not None:
+            raise OperationError(f"{reason}: reboot the host, or set {DRIVER_KEY}.allow_reboot")
+
+    yield FunctionCommand(check, (), {})
+
+
+def _reboot_when(
+    mismatch: Callable[[Host], str | None], timeout_s: float
+) -> Generator[StringCommand | FunctionCommand, None, None]:
+    """Reboot (only if `mismatch` still finds a reason at execution), then wait until it finds none."""
+
+    def reboot_and_wait(state: State, host: Host) -> None:
+        del state
+        if mismatch(host) is None:
+            return
+        host.run_shell_command(StringCommand(REBOOT), print_output=False)
+        time.sleep(_REBOOT_DELAY_S)
+        host.disconnect()
+        deadline = time.monotonic() + timeout_s
+        last = "the host did not come back"
+        while time.monotonic() < deadline:
+            host.connect(show_errors=False)
+            if host.connected:
+                reason = mismatch(host)
+                if reason is None:
+                    return
+                last = reason
+                host.disconnect()
+            time.sleep(_POLL_S)
+        raise OperationError(f"after reboot, {timeout_s:.0f} s: {last}")
+
+    yield FunctionCommand(reboot_and_wait, (), {})
+
+
+@operation()
+def driver_verified(
+    *, driver: DriverSpec, gpu_count: int | None, installing: bool
+) -> Generator[FunctionCommand, None, None]:
+    """nvidia-smi lists `gpu_count` GPUs at the pinned version, and the loaded module is the pinned flavour
+    and version. Checked from facts when nothing is being installed (noop, or fail with every problem);
+    after an installation, checked on the host once the packages are in."""
+
+    def problems(target: Host) -> tuple[str, ...]:
+        module = parse_version_file(_read_module(target, driver.version_file).splitlines())
+        _, output = target.run_shell_command(
+            StringCommand(f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader 2>&1 || true"),
+            print_output=False,
+        )
+        return verify_problems(driver, module, parse_nvidia_smi(output.stdout_lines), gpu_count)
+
+    if not installing:
+        found = verify_problems(
+            driver,
+            host.get_fact(NvidiaModule, version_file=driver.version_file),
+            host.get_fact(NvidiaGpus),
+            gpu_count,
+        )
+        if found:
+            raise OperationError("; ".join(found))
+        count = "" if gpu_count is None else f"{gpu_count} "
+        host.noop(f"nvidia-smi lists {count}GPUs on the {driver.flavour} kernel module {driver.version}")
+        return
+
+    def verify(state: State, host: Host) -> None:
+        del state
+        found = problems(host)
+        if found:
+            raise OperationError("; ".join(found))
+
+    yield FunctionCommand(verify, (), {})

@@ -1,0 +1,111 @@
+"""`reboot_if_pending`: reboot only when the running kernel lacks the boot state pvegpu wrote, and only when
+the inventory allows it; then wait until the host is back with that state (verified), or fail."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import operation
+from pyinfra.api.state import State
+from pyinfra.context import host
+
+from pvegpu.facts.boot import KernelCmdline
+from pvegpu.facts.hardware import PciHardware
+from pvegpu.models.hardware import HostHardware
+from pvegpu.plan.reboot import pending_message, pending_reasons
+
+# The reboot is detached so the SSH channel closes at once (as pyinfra's server.reboot does).
+REBOOT = "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
+_DELAY_S = 5.0
+_INTERVAL_S = 2.0
+
+
+@operation(is_idempotent=False, idempotent_notice="Reboots the host whenever a reboot is pending.")
+def reboot_if_pending(
+    *,
+    hardware: HostHardware,
+    tokens: tuple[str, ...],
+    functions: tuple[str, ...],
+    allow_reboot: bool,
+    retired: tuple[str, ...] = (),
+    vfio: bool = True,
+    timeout_s: float,
+    sysfs_root: str = "/sys",
+    cmdline_path: str = "/proc/cmdline",
+) -> Generator[StringCommand | FunctionCommand, None, None]:
+    """Compare the running command line and GPU bindings with `tokens` / `functions` (all on vfio-pci, or
+    with `vfio` False: none on vfio-pci); `retired` tokens (pvegpu removed them from the next boot) must be
+    gone from the running command line.
+    `hardware` is the host's `PciHardware` fact, read once by the role; the verify step reads it again.
+
+    Nothing pending: noop. Pending and not allowed: noop with the exact pending message, nothing changed.
+    Pending and allowed: reboot, then poll (reconnecting) until nothing is pending, for up to `timeout_s`;
+    the operation fails with what is still pending after that.
+    """
+    running = host.get_fact(KernelCmdline, cmdline_path=cmdline_path)
+    reasons = pending_reasons(running, tokens, hardware, functions, retired, vfio=vfio)
+    if not reasons:
+        bound = (
+            f"{len(functions)} GPU functions are bound to vfio-pci"
+            if vfio
+            else f"none of {len(functions)} GPU functions is bound to vfio-pci"
+        )
+        host.noop(f"no reboot needed: the running kernel has {' '.join(tokens)} and {bound}")
+        return
+    if not allow_reboot:
+        # Also a warning: pyinfra shows noop sentences only when asked (-v), and this one needs action.
+        message = f"{pending_message(reasons)} (pve_host.allow_reboot is false: not rebooting)"
+        logger.warning(f"{host.print_prefix}{message}")
+        host.noop(message)
+        return
+    logger.info(f"{host.print_prefix}{pending_message(reasons)}: rebooting")
+    yield StringCommand(REBOOT)
+
+    # pyinfra passes (state, host) to a FunctionCommand only when the parameters have exactly these names.
+    def wait_and_verify(state: State, host: Host) -> None:
+        del state
+        rebooted = host
+        time.sleep(_DELAY_S)
+        rebooted.disconnect()
+        deadline = time.monotonic() + timeout_s
+        last: tuple[str, ...] = reasons
+        while time.monotonic() < deadline:
+            rebooted.connect(show_errors=False)
+            if rebooted.connected:
+                # Before the host went down this still reads the old state: keep polling until it matches.
+                last = _reasons(
+                    rebooted,
+                    tokens=tokens,
+                    retired=retired,
+                    vfio=vfio,
+                    functions=functions,
+                    sysfs_root=sysfs_root,
+                    cmdline_path=cmdline_path,
+                )
+                if not last:
+                    return
+                rebooted.disconnect()
+            time.sleep(_INTERVAL_S)
+        raise OperationError(f"after reboot, {timeout_s:.0f} s: {pending_message(last)}")
+
+    yield FunctionCommand(wait_and_verify, (), {})
+
+
+def _reasons(
+    target: Host,
+    *,
+    tokens: tuple[str, ...],
+    retired: tuple[str, ...],
+    vfio: bool,
+    functions: tuple[str, ...],
+    sysfs_root: str,
+    cmdline_path: str,
+) -> tuple[str, ...]:
+    running = target.get_fact(KernelCmdline, cmdline_path=cmdline_path)
+    hardware = target.get_fact(PciHardware, sysfs_root=sysfs_root)
+    return pending_reasons(running, tokens, hardware, functions, retired, vfio=vfio)

@@ -1,0 +1,104 @@
+"""SGLang operations: the pinned package in its venv, the model download, and readiness after a start.
+
+The user, files, unit and restarts use pyinfra's `server`, `files` and `systemd` operations
+(roles/sglang.py); these cover what pyinfra has no operation for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+
+from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import operation
+from pyinfra.api.state import State
+from pyinfra.context import host
+from pyinfra.facts.files import File
+
+from pvegpu.facts.sglang import SglangProbe, SglangVenv, parse_probe, probe_command
+from pvegpu.plan.sglang_service import SERVICE
+
+_POLL_S = 2.0
+JOURNAL_LINES = 20
+
+
+def public_version(version: str) -> str:
+    """`0.5.23+pvegpulab` -> `0.5.23` (a local label, as on the lab's stand-in wheel, matches the pin)."""
+    return version.partition("+")[0]
+
+
+@operation()
+def sglang_venv(
+    *, venv: str, version: str, pip_args: Sequence[str] = ()
+) -> Generator[StringCommand, None, None]:
+    """A venv at `venv` (`python3 -m venv`) with `sglang==version` (`pip install`, plus `pip_args`)."""
+    state = host.get_fact(SglangVenv, venv=venv)
+    if state.python and state.version is not None and public_version(state.version) == version:
+        host.noop(f"venv {venv} has sglang {state.version}")
+        return
+    if not state.python:
+        yield StringCommand("python3", "-m", "venv", QuoteString(venv))
+    yield StringCommand(
+        QuoteString(f"{venv}/bin/pip"), "install", "--disable-pip-version-check", "--quiet",
+        *map(QuoteString, pip_args), QuoteString(f"sglang=={version}"),
+    )  # fmt: skip
+
+
+@operation()
+def model_download(
+    *, model_path: str, repo: str, venv: str, user: str, token_file: str | None = None
+) -> Generator[StringCommand, None, None]:
+    """`repo` downloaded into `model_path` with the venv's `hf` CLI when `model_path/config.json` is absent.
+
+    The token stays in `token_file` on the host: `HF_TOKEN_PATH` names the file, so no command line and
+    no log holds the token. The files are then given to `user`.
+    """
+    if host.get_fact(File, path=f"{model_path}/config.json"):
+        host.noop(f"{model_path} holds a model (config.json is there): no download")
+        return
+    env = ["env", f"HF_TOKEN_PATH={token_file}"] if token_file else []
+    yield StringCommand(
+        *map(QuoteString, env), QuoteString(f"{venv}/bin/hf"), "download", QuoteString(repo),
+        "--local-dir", QuoteString(model_path),
+        "&&", "chown", "-R", QuoteString(f"{user}:{user}"), QuoteString(model_path),
+    )  # fmt: skip
+
+
+@operation()
+def sglang_ready(
+    *, python: str, base_url: str, key_file: str | None, timeout_s: float, starting: bool
+) -> Generator[FunctionCommand, None, None]:
+    """`/health` and `/v1/models` answer at `base_url`. Not `starting` (nothing changed): checked once, noop
+    or fail. `starting`: polled after the (re)start for up to `timeout_s`; failing names the last error and
+    shows the service's last journal lines."""
+    if not starting:
+        probe = host.get_fact(SglangProbe, python=python, base_url=base_url, key_file=key_file)
+        if not probe.ok:
+            raise OperationError(f"{SERVICE} does not answer at {base_url}: {probe.detail}")
+        host.noop(f"{SERVICE} answers {base_url}/health and /v1/models ({probe.detail})")
+        return
+
+    def wait(state: State, host: Host) -> None:
+        del state
+        deadline = time.monotonic() + timeout_s
+        detail = "not probed"
+        while time.monotonic() < deadline:
+            _, output = host.run_shell_command(probe_command(python, base_url, key_file), print_output=False)
+            probe = parse_probe(output.stdout_lines)
+            if probe.ok:
+                return
+            detail = probe.detail
+            time.sleep(_POLL_S)
+        _, journal = host.run_shell_command(
+            StringCommand("journalctl", "-u", SERVICE, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"),
+            print_output=False,
+        )
+        lines = "\n".join(journal.stdout_lines)
+        raise OperationError(
+            f"{SERVICE} did not answer {base_url}/health and /v1/models within {timeout_s:.0f} s "
+            f"(last: {detail}); its last journal lines:\n{lines}"
+        )
+
+    yield FunctionCommand(wait, (), {})

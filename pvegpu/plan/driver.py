@@ -1,0 +1,95 @@
+"""Pure decisions of the NVIDIA driver role: which CUDA repository, whether the flavour fits the GPUs,
+whether the loaded module is the pinned one, and what verification found.
+
+No I/O. Problems are operator-facing lines naming the `driver.*` field or the host state that is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pvegpu.facts.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.models.driver import DRIVER_KEY, DriverSpec
+from pvegpu.plan.errors import PlanError
+
+NVIDIA = "10de"
+# Blackwell's first device id (GB100/GB102 0x29xx, GB202 0x2Bxx, GB203 0x2Cxx, GB205-207 0x2Dxx-0x2Fxx);
+# Hopper (0x23xx) and Ada (0x26xx-0x28xx) are below. NVIDIA supports only open modules on Blackwell.
+BLACKWELL_FIRST_DEVICE = 0x2900
+KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
+# os-release ID and VERSION_ID -> the directory name of NVIDIA's CUDA repository.
+CUDA_DISTROS = {
+    ("debian", "12"): "debian12",
+    ("debian", "13"): "debian13",
+    ("ubuntu", "22.04"): "ubuntu2204",
+    ("ubuntu", "24.04"): "ubuntu2404",
+}
+PACKAGE = {"open": "nvidia-open", "proprietary": "cuda-drivers"}
+
+
+def cuda_distro(os_id: str | None, version_id: str | None) -> str:
+    """`debian`, `12` -> `debian12`; PlanError naming the supported ones for anything else."""
+    distro = CUDA_DISTROS.get(((os_id or "").lower(), version_id or ""))
+    if distro is None:
+        supported = ", ".join(f"{name} {version}" for name, version in CUDA_DISTROS)
+        raise PlanError(
+            f"{DRIVER_KEY}: {os_id or 'unknown'} {version_id or ''} is not a distribution NVIDIA's CUDA "
+            f"repository serves; supported: {supported}"
+        )
+    return distro
+
+
+def apt_source_line(driver: DriverSpec, distro: str) -> str:
+    """The one-line apt source of the CUDA repository, verified with the cuda-keyring key."""
+    return f"deb [signed-by={KEYRING}] {driver.repository.replace('{distro}', distro)} /\n"
+
+
+def keyring_url(driver: DriverSpec, distro: str) -> str:
+    return driver.repository.replace("{distro}", distro) + KEYRING_DEB
+
+
+def is_blackwell(pci_id: str) -> bool:
+    vendor, _, device = pci_id.partition(":")
+    return vendor == NVIDIA and int(device, 16) >= BLACKWELL_FIRST_DEVICE
+
+
+def flavour_problems(driver: DriverSpec, gpu_ids: Iterable[str]) -> tuple[str, ...]:
+    """`driver.flavour: ...` when the proprietary flavour is asked for Blackwell GPUs."""
+    blackwell = sorted(pci_id for pci_id in gpu_ids if is_blackwell(pci_id))
+    if driver.flavour == "proprietary" and blackwell:
+        return (
+            f"{DRIVER_KEY}.flavour: the proprietary kernel module does not support Blackwell GPUs "
+            f"({', '.join(blackwell)}); use open",
+        )
+    return ()
+
+
+def module_mismatch(driver: DriverSpec, loaded: LoadedModule | None) -> str | None:
+    """Why the loaded module is not the pinned one (None when it is)."""
+    if loaded is None:
+        return f"no NVIDIA kernel module is loaded ({driver.version_file} is absent)"
+    if (loaded.flavour, loaded.version) != (driver.flavour, driver.version):
+        return (
+            f"the loaded kernel module is the {loaded.flavour} {loaded.version}, "
+            f"not the pinned {driver.flavour} {driver.version}"
+        )
+    return None
+
+
+def verify_problems(
+    driver: DriverSpec, loaded: LoadedModule | None, smi: NvidiaSmi, gpu_count: int | None
+) -> tuple[str, ...]:
+    """What is wrong after installation: module flavour/version, nvidia-smi's GPU count and version."""
+    problems = [reason] if (reason := module_mismatch(driver, loaded)) else []
+    if smi.error is not None:
+        problems.append(f"nvidia-smi failed: {smi.error}")
+    else:
+        if gpu_count is not None and len(smi.gpus) != gpu_count:
+            problems.append(f"nvidia-smi lists {len(smi.gpus)} GPUs, expected {gpu_count} (node.gpus.count)")
+        versions = sorted({gpu.driver_version for gpu in smi.gpus} - {driver.version})
+        if versions:
+            problems.append(
+                f"nvidia-smi reports driver {', '.join(versions)}, not the pinned {driver.version}"
+            )
+    return tuple(problems)

@@ -1,0 +1,177 @@
+"""The NVIDIA device plumbing of an LXC container on the host driver, and the driver version check. Pure.
+
+The container uses the host's kernel module, so it needs the host's device nodes: one `/dev/nvidiaN` per
+GPU, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`, and the `nvidia-caps` nodes.
+
+- Proxmox VE >= 8.1: native `devN:` entries (API fields `path`, `gid`, ...), one per device node, no raw
+  LXC lines: `dev0: /dev/nvidia0,gid=44`. gid 44 is `video` in Debian-based containers.
+- Older: raw `lxc.cgroup2.devices.allow` lines by character major (195 for the nvidia nodes; `nvidia-uvm`
+  and `nvidia-caps` are dynamic, read from the host's /proc/devices) and one `lxc.mount.entry` bind per
+  node (the directory `/dev/nvidia-caps` as a whole), as community-scripts' nvidia.func writes them.
+
+Formats: shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pvegpu.models.lxc import LxcSpec
+from pvegpu.plan.errors import PlanError
+
+NATIVE_DEV_SINCE = (8, 1)
+NVIDIA_MAJOR = 195
+VIDEO_GID = 44
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+CAPS_DIR = "/dev/nvidia-caps"
+UVM = "nvidia-uvm"
+CAPS = "nvidia-caps"
+
+
+@dataclass(frozen=True)
+class LxcDevices:
+    """`dev`: devN key -> value (>= 8.1); `raw`: (key, value) raw LXC lines in order (older)."""
+
+    dev: dict[str, str]
+    raw: tuple[tuple[str, str], ...]
+
+
+def parse_proc_devices(lines: Sequence[str]) -> dict[str, int]:
+    """Character device name -> major from /proc/devices (`Character devices:` section; `195 nvidia`)."""
+    majors: dict[str, int] = {}
+    section = None
+    for line in lines:
+        text = line.strip()
+        if text.endswith("devices:"):
+            section = text
+            continue
+        words = text.split()
+        if section == "Character devices:" and len(words) == 2 and words[0].isdigit():
+            majors.setdefault(words[1], int(words[0]))
+    return majors
+
+
+def device_nodes(gpus: int, caps: Sequence[str]) -> tuple[str, ...]:
+    """Every device node the container needs: `/dev/nvidia0..N-1`, the control nodes, `caps` (sorted)."""
+    return (*(f"/dev/nvidia{n}" for n in range(gpus)), *CONTROL_NODES, *sorted(caps))
+
+
+def plan_lxc_devices(
+    gpus: int,
+    pve_version: tuple[int, int],
+    caps: Sequence[str],
+    majors: Mapping[str, int],
+    gid: int = VIDEO_GID,
+) -> LxcDevices:
+    """The container's device entries for `gpus` GPUs on Proxmox `pve_version` (major, minor).
+
+    `caps`: the host's `/dev/nvidia-caps/*` nodes; `majors`: `parse_proc_devices` of the host (only used
+    before 8.1). Raises PlanError when an older Proxmox's /proc/devices lacks `nvidia-uvm` (the driver's
+    uvm module is not loaded: the raw lines cannot be written) or lacks `nvidia-caps` while caps exist.
+    """
+    if pve_version >= NATIVE_DEV_SINCE:
+        nodes = device_nodes(gpus, caps)
+        return LxcDevices(dev={f"dev{n}": f"{path},gid={gid}" for n, path in enumerate(nodes)}, raw=())
+    missing = [name for name in (UVM, *((CAPS,) if caps else ())) if name not in majors]
+    if missing:
+        raise PlanError(
+            f"host: /proc/devices has no {' / '.join(missing)} major (nvidia_uvm not loaded?): "
+            f"cannot write the lxc.cgroup2 lines Proxmox {pve_version[0]}.{pve_version[1]} needs"
+        )
+    allow = [NVIDIA_MAJOR, majors[UVM], *((majors[CAPS],) if caps else ())]
+    raw = [("lxc.cgroup2.devices.allow", f"c {major}:* rwm") for major in allow]
+    raw += [
+        ("lxc.mount.entry", f"{path} {path.lstrip('/')} none bind,optional,create=file")
+        for path in device_nodes(gpus, ())
+    ]
+    if caps:
+        raw.append(("lxc.mount.entry", f"{CAPS_DIR} {CAPS_DIR.lstrip('/')} none bind,optional,create=dir"))
+    return LxcDevices(dev={}, raw=tuple(raw))
+
+
+def version_drift(host_module: str | None, container_userspace: str | None) -> str | None:
+    """None when the container's userspace driver equals the host's kernel module; else the problem,
+    naming both versions (a mismatch makes NVML fail with `Driver/library version mismatch`)."""
+    if host_module is None:
+        return "the host has no NVIDIA kernel module loaded: the container's driver has nothing to match"
+    if container_userspace is None:
+        return f"the container has no NVIDIA userspace driver; the host module is {host_module}"
+    if host_module != container_userspace:
+        return (
+            f"driver version mismatch: host kernel module {host_module}, container userspace "
+            f"{container_userspace} (NVML fails with 'Driver/library version mismatch'; install the "
+            f"container's userspace at {host_module}, without a kernel module)"
+        )
+    return None
+
+
+SHM_ENTRY = "lxc.mount.entry"
+SHM_PREFIX = "tmpfs dev/shm tmpfs "
+
+
+def shm_line(gib: int) -> tuple[str, str]:
+    """The raw line giving the container a `gib` GiB /dev/shm (a tmpfs of its own, as Docker's --shm-size)."""
+    return (SHM_ENTRY, f"{SHM_PREFIX}size={gib}G,nosuid,nodev,create=dir 0 0")
+
+
+def container_config(spec: LxcSpec, devices: LxcDevices) -> dict[str, str]:
+    """The API keys pvegpu converges on the container: size, boot, and every `devN` entry."""
+    return {
+        "hostname": spec.hostname,
+        "cores": str(spec.cores),
+        "memory": str(spec.memory),
+        "swap": str(spec.swap),
+        "onboot": "1" if spec.onboot else "0",
+        **devices.dev,
+    }
+
+
+def create_keys(spec: LxcSpec) -> dict[str, str]:
+    """Keys given only on create: Proxmox cannot change them later (rootfs size aside)."""
+    return {
+        "ostemplate": spec.ostemplate,
+        "rootfs": f"{spec.storage}:{spec.rootfs_gib}",
+        "unprivileged": "1" if spec.unprivileged else "0",
+        "net0": f"name=eth0,bridge={spec.bridge},ip=dhcp",
+    }
+
+
+def raw_lines(spec: LxcSpec, devices: LxcDevices) -> tuple[tuple[str, str], ...]:
+    """The raw `lxc.*` lines the container's config file must hold: the device lines (Proxmox < 8.1), then
+    the /dev/shm mount."""
+    return (*devices.raw, shm_line(spec.shm_gib))
+
+
+@dataclass(frozen=True)
+class ContainerChange:
+    """Keys to set and `devN` keys to delete (pvegpu owns every `devN` of its container)."""
+
+    set: dict[str, str]
+    delete: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.set or self.delete)
+
+
+def diff_container(config: Mapping[str, str], current: Mapping[str, object]) -> ContainerChange:
+    """What to PUT so that `current` (the API's GET, values as Proxmox types them) has `config`."""
+    changes = {key: value for key, value in config.items() if str(current.get(key)) != value}
+    stale = tuple(
+        sorted(
+            (key for key in current if re.fullmatch(r"dev\d+", key) and key not in config),
+            key=lambda key: int(key[3:]),
+        )
+    )
+    return ContainerChange(set=changes, delete=stale)
+
+
+def raw_of(values: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    """The raw lines of an API config read: its `lxc` key, `[["lxc.cgroup2.devices.allow", "c 195:* rwm"]]`
+    as pairs."""
+    raw = values.get("lxc")
+    if not isinstance(raw, list):
+        return ()
+    return tuple((str(pair[0]), str(pair[1])) for pair in raw if isinstance(pair, list) and len(pair) == 2)

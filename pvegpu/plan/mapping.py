@@ -1,0 +1,160 @@
+"""Cluster PCI mappings from every node's GPUs, and what to change in the mappings Proxmox holds. Pure.
+
+`plan_mappings({node: Topology})` gives one mapping per GPU index (`gpu0`, `gpu1`, ... with the default
+prefix), each with one `map` entry per node, sorted by node name:
+
+    id=10de:2bb1,node=pve1,path=0000:41:00,iommugroup=14,subsystem-id=10de:204b
+
+- The index is the topology's physical order (`Topology.order_key`), so gpuN names the same card after a
+  BIOS change renumbers buses and groups; only the entry's path and group change.
+- `path` is the function-less slot address, so the GPU and its HDMI audio go to the VM together;
+  Proxmox checks function .0 of it, which must therefore be the GPU itself.
+- `id` is the lowercase vendor:device and `subsystem-id`/`iommugroup` are always written: Proxmox's live
+  check fails an entry that lacks a property the hardware reports.
+Refused: a node whose topology is not ok (a refused GPU, a count problem) and nodes that disagree on the
+number or model of GPUs; `MappingPlanError` names every problem.
+
+`diff_mappings(desired, current, prefix)` compares with the mappings the API lists, touching only ids of
+pvegpu's scheme (`<prefix><N>`): anything else is someone else's and is never created, updated or deleted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pvegpu.facts.pci_cfg import MapEntryError, parse_map_entry
+from pvegpu.models.pve import CONFIG_ID, MapEntry, PciMapping
+from pvegpu.plan.topology import Topology, Verdict
+
+DEFAULT_PREFIX = "gpu"
+
+
+class MappingPlanError(ValueError):
+    """The nodes' GPUs cannot be mapped; `problems` holds one sentence per problem (also the message)."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def mapping_id(prefix: str, index: int) -> str:
+    """`gpu3` for ("gpu", 3); ValueError when the result is not a Proxmox mapping id."""
+    name = f"{prefix}{index}"
+    if not CONFIG_ID.fullmatch(name):
+        raise ValueError(f"mapping prefix {prefix!r} gives {name!r}, not a Proxmox mapping id")
+    return name
+
+
+def managed_index(prefix: str, name: str) -> int | None:
+    """N when `name` is `<prefix><N>` (pvegpu's scheme), else None (someone else's mapping)."""
+    match = re.fullmatch(re.escape(prefix) + r"(0|[1-9][0-9]*)", name)
+    return None if match is None else int(match[1])
+
+
+def plan_mappings(topologies: Mapping[str, Topology], prefix: str = DEFAULT_PREFIX) -> tuple[PciMapping, ...]:
+    """One mapping per GPU index over every node (see the module docstring); raises MappingPlanError."""
+    if not topologies:
+        raise MappingPlanError(["no node to map"])
+    nodes = sorted(topologies)
+    problems = [problem for node in nodes for problem in _node_problems(node, topologies[node])]
+    if not problems:
+        problems = _disagreements(nodes, topologies)
+    if problems:
+        raise MappingPlanError(problems)
+    count = len(topologies[nodes[0]].gpus)
+    mappings = []
+    for index in range(count):
+        entries = []
+        for node in nodes:
+            gpu = topologies[node].gpus[index]
+            entries.append(
+                MapEntry(
+                    node=node,
+                    path=gpu.address,
+                    id=gpu.id,
+                    subsystem_id=gpu.subsystem_id,
+                    iommugroup=gpu.iommu_group,
+                )
+            )
+        mappings.append(PciMapping(id=mapping_id(prefix, index), map=tuple(e.text for e in entries)))
+    return tuple(mappings)
+
+
+def _node_problems(node: str, topology: Topology) -> list[str]:
+    problems = [f"{node}: {problem}" for problem in topology.problems]
+    for gpu in topology.gpus:
+        if gpu.verdict is Verdict.REFUSED:
+            problems.append(f"{node}: {gpu.name} {gpu.address} ({gpu.id}) is refused: {gpu.reason}")
+        elif gpu.gpu_function != f"{gpu.address}.0":
+            problems.append(
+                f"{node}: {gpu.name} {gpu.address}: the GPU is function {gpu.gpu_function}, "
+                "but Proxmox checks function .0 of a mapped slot"
+            )
+    return problems
+
+
+def _disagreements(nodes: list[str], topologies: Mapping[str, Topology]) -> list[str]:
+    counts = {node: len(topologies[node].gpus) for node in nodes}
+    if len(set(counts.values())) > 1:
+        seen = ", ".join(f"{node} has {counts[node]}" for node in nodes)
+        return [f"nodes disagree on the number of GPUs: {seen}"]
+    problems = []
+    for index in range(counts[nodes[0]]):
+        models = {node: topologies[node].gpus[index].id for node in nodes}
+        if len(set(models.values())) > 1:
+            seen = ", ".join(f"{node} has {models[node]}" for node in nodes)
+            problems.append(f"nodes disagree on the model of GPU {index}: {seen}")
+    return problems
+
+
+class Action(StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    UNCHANGED = "unchanged"
+
+
+@dataclass(frozen=True)
+class MappingChange:
+    """What to do with one desired mapping: `map` is the desired entries; `current` the entries Proxmox
+    holds now (None for CREATE)."""
+
+    action: Action
+    id: str
+    map: tuple[str, ...]
+    current: tuple[str, ...] | None
+
+
+def diff_mappings(
+    desired: Sequence[PciMapping], current: Sequence[PciMapping], prefix: str = DEFAULT_PREFIX
+) -> tuple[MappingChange, ...]:
+    """CREATE / UPDATE / UNCHANGED per desired mapping, in desired order.
+
+    Entries are compared by meaning (keys and values), not by text or line order, so a mapping someone
+    wrote in the GUI's key order is unchanged when it says the same. An entry that does not parse counts
+    as different. Current mappings outside the prefix scheme, and managed ones no longer desired, are left
+    alone. Raises ValueError when a desired id is not of the prefix scheme (it would not be pvegpu's).
+    """
+    held = {mapping.id: mapping for mapping in current}
+    changes = []
+    for mapping in desired:
+        if managed_index(prefix, mapping.id) is None:
+            raise ValueError(f"mapping {mapping.id!r} is not of pvegpu's scheme {prefix}<N>")
+        now = held.get(mapping.id)
+        if now is None:
+            changes.append(MappingChange(Action.CREATE, mapping.id, mapping.map, None))
+            continue
+        same = _meaning(now.map) == _meaning(mapping.map)
+        action = Action.UNCHANGED if same else Action.UPDATE
+        changes.append(MappingChange(action, mapping.id, mapping.map, now.map))
+    return tuple(changes)
+
+
+def _meaning(entries: tuple[str, ...]) -> list[tuple[str, ...]] | None:
+    try:
+        parsed = [parse_map_entry(entry) for entry in entries]
+    except MapEntryError:
+        return None
+    return sorted(tuple(str(value) for value in vars(entry).values()) for entry in parsed)

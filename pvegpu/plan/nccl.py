@@ -1,0 +1,161 @@
+"""NCCL environment and SGLang all-reduce flags for a profile's P2P reality, each with a one-line reason.
+
+Pure. `plan_nccl(profile, topology, infiniband=..., overrides=...)`:
+
+- `vm`: the GPUs are passed through to a Q35 VM where P2P between them is not supported, so NCCL must use
+  shared memory (SHM) and SGLang must not assume P2P: `--enable-p2p-check --disable-custom-all-reduce`.
+  Nothing that enables or forces P2P is set, and the operator may not set it either (refused, see
+  `VM_REFUSED`): forced P2P in a VM hangs NCCL or silently corrupts data (NVIDIA/nccl #2335), and without
+  SHM NCCL falls back to sockets. This is a refusal, not a warning, because the VM env file must never
+  enable P2P; an experiment with GPUDirect clique hints belongs to a separate, explicit setting.
+- `lxc` / `baremetal`: the host driver gives real P2P. NCCL's default level (PXB: same PCIe switch) keeps
+  P2P off between GPUs on separate root complexes, so `NCCL_P2P_LEVEL` is set from the topology: `PHB`
+  when every GPU is on one NUMA node, `SYS` when they span several (NCCL's CPU nodes are NUMA nodes).
+- Every profile: `NCCL_IB_DISABLE=1` without an InfiniBand/RoCE adapter; `NCCL_DEBUG=INFO` so the
+  channel lines `pvegpu.facts.nccl` reads (the transport actually used) reach the journal.
+
+Operator overrides (`SglangSpec.env`) replace or add variables; each says so in its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pvegpu.models.hardware import HostHardware
+from pvegpu.models.sglang import SGLANG_KEY
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.topology import Topology
+
+Profile = Literal["vm", "lxc", "baremetal"]
+
+CLASS_INFINIBAND = 0x0207
+CLASS_ETHERNET = 0x0200
+VENDOR_MELLANOX = "15b3"  # ConnectX in Ethernet mode still offers RoCE, which NCCL drives as IB
+
+# Variables an operator may not set in the vm profile, and why.
+VM_REFUSED = {
+    "NCCL_P2P_LEVEL": "it lets NCCL try P2P, which passed-through GPUs do not support",
+    "NCCL_IGNORE_DISABLED_P2P": (
+        "it makes NCCL skip or hide its P2P check; "
+        "forced P2P in a VM hangs or corrupts data (NVIDIA/nccl #2335)"
+    ),
+    "NCCL_SHM_DISABLE": "the VM's GPUs talk through shared memory; without it NCCL falls back to sockets",
+    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": (
+        "the PCIe-IPC all-reduce needs CUDA P2P, which the VM does not support"
+    ),
+}
+
+_PXB_NOTE = "NCCL's default (PXB) would fall back to SHM between root complexes"
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """One variable of the service environment and why it has this value."""
+
+    name: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FlagSetting:
+    """One `sglang serve` flag the profile needs and why."""
+
+    flag: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NcclPlan:
+    """The environment (sorted by name) and the SGLang flags (in argv order) for one node."""
+
+    env: tuple[EnvSetting, ...]
+    flags: tuple[FlagSetting, ...]
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return tuple(flag.flag for flag in self.flags)
+
+    def env_file_lines(self) -> tuple[str, ...]:
+        """`# reason` then `NAME=value` per variable, then `# sglang <flag>: reason` per flag."""
+        lines: list[str] = []
+        for setting in self.env:
+            lines += [f"# {setting.reason}", f"{setting.name}={setting.value}"]
+        lines += [f"# sglang {flag.flag}: {flag.reason}" for flag in self.flags]
+        return tuple(lines)
+
+
+def has_infiniband(hw: HostHardware) -> bool:
+    """True when `hw` has an InfiniBand controller or a Mellanox/NVIDIA ConnectX Ethernet function (RoCE)."""
+    return any(
+        f.class_base == CLASS_INFINIBAND or (f.class_base == CLASS_ETHERNET and f.vendor == VENDOR_MELLANOX)
+        for f in hw.functions
+    )
+
+
+def plan_nccl(
+    profile: Profile,
+    topology: Topology | None,
+    *,
+    infiniband: bool,
+    overrides: Mapping[str, str] | None = None,
+) -> NcclPlan:
+    """The NCCL environment and SGLang flags for `profile` (see the module docstring for the rules).
+
+    `topology` (the host's GPUs, from `plan_topology`) is needed for `lxc` and `baremetal`; `vm` ignores it.
+    `infiniband`: the serving host has an IB/RoCE adapter (`has_infiniband`). `overrides`: the operator's
+    variables. Raises PlanError (`sglang.env.<NAME>: ...`, one line each) for an override refused in the
+    vm profile, or (`sglang: ...`) when lxc/baremetal get no GPUs to read NUMA nodes from.
+    """
+    overrides = overrides or {}
+    planned: dict[str, EnvSetting] = {}
+    flags: tuple[FlagSetting, ...] = ()
+
+    def put(name: str, value: str, reason: str) -> None:
+        planned[name] = EnvSetting(name, value, reason)
+
+    if profile == "vm":
+        refused = [
+            f"{SGLANG_KEY}.env.{name}: refused in the vm profile: {VM_REFUSED[name]}"
+            for name in sorted(overrides)
+            if name in VM_REFUSED
+        ]
+        if refused:
+            raise PlanError("\n".join(refused))
+        flags = (
+            FlagSetting(
+                "--enable-p2p-check",
+                "P2P is not supported between passed-through GPUs; without the check SGLang assumes it works",
+            ),
+            FlagSetting(
+                "--disable-custom-all-reduce",
+                "SGLang's custom all-reduce needs P2P, which the VM lacks; "
+                "NCCL all-reduces over shared memory",
+            ),
+        )
+    else:
+        if topology is None or not topology.gpus:
+            raise PlanError(f"{SGLANG_KEY}: the {profile} profile needs the host's GPUs for NCCL_P2P_LEVEL")
+        put("NCCL_P2P_LEVEL", *_p2p_level(topology))
+    if not infiniband:
+        no_ib = "no InfiniBand/RoCE adapter: skip NCCL's IB probe, use sockets between nodes"
+        put("NCCL_IB_DISABLE", "1", no_ib)
+    put("NCCL_DEBUG", "INFO", "log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it")
+    for name, value in overrides.items():
+        before = planned.get(name)
+        reason = f"set by the operator ({SGLANG_KEY}.env)"
+        if before is not None:
+            reason += f", replacing the planned {before.value} ({before.reason})"
+        put(name, value, reason)
+    return NcclPlan(env=tuple(planned[name] for name in sorted(planned)), flags=flags)
+
+
+def _p2p_level(topology: Topology) -> tuple[str, str]:
+    nodes = sorted({gpu.numa_node for gpu in topology.gpus}, key=lambda node: (node is None, node or 0))
+    shown = ", ".join("unknown" if node is None else str(node) for node in nodes)
+    if len(nodes) > 1:
+        return "SYS", f"GPUs on NUMA nodes {shown}: allow P2P across the CPU interconnect ({_PXB_NOTE})"
+    where = "one NUMA node" if nodes[0] is None else f"NUMA node {nodes[0]}"
+    return "PHB", f"all GPUs on {where}: allow P2P through the CPU's host bridges ({_PXB_NOTE})"

@@ -1,0 +1,162 @@
+"""sglang: SGLang serving the model as a systemd service, with the NCCL settings of the node's profile.
+
+System user, venv with the pinned SGLang, model directory (optional download), `/etc/pvegpu/sglang.env`
+(0600: the NCCL plan, each variable after its reason) and `sglang.service` from templates; the service
+restarts only when its unit, environment or venv changed, then pvegpu waits for /health and /v1/models.
+A layout that does not fit the GPUs found, or an argv the pinned SGLang would refuse, fails while
+operations are collected, before any host is changed.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import host
+from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.nccl import check_transports, summarize
+from pvegpu.facts.sglang import SglangNcclChannels
+from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.sglang_options import SGLANG_VERSION
+from pvegpu.operations.render import render
+from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.nccl import has_infiniband, plan_nccl
+from pvegpu.plan.sglang import plan_sglang_argv
+from pvegpu.plan.sglang_service import CREDENTIAL, ENV_FILE, SERVICE, UNIT_FILE, exec_start
+from pvegpu.plan.topology import plan_topology
+
+_P2P_NOTE = (
+    "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
+)
+PROFILE_NOTES = {
+    "vm": (
+        "the GPUs are passed through to this VM, where P2P between them is not supported; "
+        "NCCL uses shared memory and nothing here enables P2P"
+    ),
+    "lxc": _P2P_NOTE,
+    "baremetal": _P2P_NOTE,
+}
+
+
+def probe_host(listen: str) -> str:
+    """Where the readiness probe connects: loopback for a wildcard address, else the address itself."""
+    wildcard = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
+    return wildcard.get(listen, f"[{listen}]" if ":" in listen else listen)
+
+
+@deploy("Serve the model with SGLang")
+def sglang() -> None:
+    """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
+    data = {key: host.data.get(key) for key in (NODE_KEY, SGLANG_KEY) if host.data.get(key) is not None}
+    node = spec_of(data, NODE_KEY, NodeSpec)
+    spec = spec_of(data, SGLANG_KEY, SglangSpec)
+    hardware = host.get_fact(PciHardware, sysfs_root=node.sysfs_root)
+    topology = plan_topology(hardware, node.gpus)
+    try:
+        nccl = plan_nccl(node.profile, topology, infiniband=has_infiniband(hardware), overrides=spec.env)
+        argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
+    except PlanError as error:
+        raise OperationError(f"{host.name}: {error}") from None
+
+    server.group(name="Add the SGLang system group", group=spec.user, system=True)
+    server.user(
+        name="Add the SGLang system user",
+        user=spec.user,
+        group=spec.user,
+        system=True,
+        home=f"/var/lib/{spec.user}",
+        shell="/usr/sbin/nologin",
+    )
+    apt.packages(name="Install Python's venv support", packages=["python3-venv"])
+    venv = sglang_venv(
+        name=f"Install SGLang {SGLANG_VERSION} into {spec.venv}",
+        venv=spec.venv,
+        version=SGLANG_VERSION,
+        pip_args=spec.pip_args,
+    )
+    files.directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
+    if spec.model_repo is not None:
+        model_download(
+            name=f"Download {spec.model_repo}",
+            model_path=spec.model_path,
+            repo=spec.model_repo,
+            venv=spec.venv,
+            user=spec.user,
+            token_file=spec.hf_token_file,
+        )
+    files.directory(name="Create /etc/pvegpu", path="/etc/pvegpu", mode="755")
+    env = files.put(
+        name="Write the service environment (NCCL settings with their reasons)",
+        src=StringIO(
+            render(
+                "sglang/sglang.env.j2",
+                profile=node.profile,
+                profile_note=PROFILE_NOTES[node.profile],
+                lines=nccl.env_file_lines(),
+            )
+        ),
+        dest=ENV_FILE,
+        user="root",
+        group="root",
+        mode="600",
+    )
+    unit = files.put(
+        name="Write sglang.service",
+        src=StringIO(
+            render(
+                "sglang/sglang.service.j2",
+                sglang_version=SGLANG_VERSION,
+                served_model_name=spec.served_model_name,
+                model_path=spec.model_path,
+                user=spec.user,
+                env_file=ENV_FILE,
+                api_key_file=spec.api_key_file,
+                credential=CREDENTIAL,
+                exec_start=exec_start(spec, argv),
+            )
+        ),
+        dest=UNIT_FILE,
+        mode="644",
+    )
+    systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
+    # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
+    # finds it running: one start on a first run, one restart after a change, none otherwise.
+    systemd.service(
+        name="Start or restart SGLang (its unit, environment or venv changed)",
+        service=SERVICE,
+        restarted=True,
+        _if=any_changed(unit, env, venv),
+    )
+    started = systemd.service(
+        name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True
+    )
+    sglang_ready(
+        name="Wait for /health and /v1/models",
+        python=f"{spec.venv}/bin/python",
+        base_url=f"http://{probe_host(spec.host)}:{spec.port}",
+        key_file=spec.api_key_file,
+        timeout_s=spec.start_timeout_s,
+        starting=started.will_change or unit.will_change or env.will_change or venv.will_change,
+    )
+
+
+@deploy("Report the NCCL transports SGLang uses")
+def nccl_transports() -> None:
+    """Read-only (for deploy/doctor.py): the transport per rank pair from the running service's NCCL log,
+    and a warning for each pair that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P)."""
+    data = {key: host.data.get(key) for key in (NODE_KEY, SGLANG_KEY) if host.data.get(key) is not None}
+    node = spec_of(data, NODE_KEY, NodeSpec)
+    single_node = spec_of(data, SGLANG_KEY, SglangSpec).nnodes == 1
+    records = host.get_fact(SglangNcclChannels)
+    pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
+    if pairs:
+        logger.info(f"{host.print_prefix}NCCL transports of {SERVICE} (profile {node.profile}):\n{pairs}")
+    for warning in check_transports(node.profile, records, single_node=single_node):
+        logger.warning(f"{host.print_prefix}{warning}")

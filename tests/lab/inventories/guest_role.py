@@ -1,0 +1,26 @@
+"""Lab inventory for the guest-role tests: inventory/lab.py's VM guests, each with extra role data.
+
+$PVEGPU_LAB_EXTRA_DATA is a JSON object whose keys (`node`, `driver`, `sglang`) are merged into each guest's
+data of the same key (e.g. `{"sglang": {"mem_fraction_static": 0.85}}`); validated like any serving-host
+inventory, before pyinfra connects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+from pathlib import Path
+from typing import Any
+
+from pvegpu.guest_inventory import exit_on_invalid_guests
+
+_lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
+_extra: dict[str, Any] = json.loads(os.environ.get("PVEGPU_LAB_EXTRA_DATA", "{}"))
+
+
+def _merged(data: dict[str, Any]) -> dict[str, Any]:
+    return {**data, **{key: {**data.get(key, {}), **value} for key, value in _extra.items()}}
+
+
+vm_guests = exit_on_invalid_guests([(name, _merged(data)) for name, data in _lab["vm_guests"]])

@@ -1,0 +1,53 @@
+"""README (a): `bash scripts/demo.sh` brings up the lab's Proxmox node and runs the main job on it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab import hosts
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+GRAND_TOTAL = re.compile(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", re.MULTILINE)
+
+
+def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) -> None:
+    if Path("/run/netns", hosts.netns_name("node")).exists():
+        pytest.fail(
+            "a lab host named `node` is up outside this test run: stop it (bash scripts/demo.sh down)"
+        )
+    env = {**os.environ, "PVEGPU_LAB_RUN": str(lab_run_dir)}
+    try:
+        done = subprocess.run(
+            ["bash", "scripts/demo.sh"],
+            check=False,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        # Run 1 changes the node's 6 operations (host, mappings, VM); run 2 changes 19 operations on the new
+        # guest (driver, SGLang) and none on the node (its 6, plus the guest's already-present venv package);
+        # the doctor changes nothing.
+        assert GRAND_TOTAL.findall(output) == [
+            ("6", "6", "-", "-"),
+            ("26", "19", "-", "7"),
+            ("-", "-", "-", "-"),
+        ]
+        gpus = re.findall(r"^(gpu\d)  (\S+)  10de:2bb1 10de:204b .* passable$", output, re.MULTILINE)
+        assert [gpu for gpu, _ in gpus] == [f"gpu{index}" for index in range(8)], output
+        assert "[nodev100] NCCL transports of sglang.service (profile vm):" in output
+    finally:
+        subprocess.run(
+            ["bash", "scripts/demo.sh", "down"], cwd=REPO, env=env, check=True, capture_output=True
+        )
+    assert not Path("/run/netns", hosts.netns_name("node")).exists()

@@ -1,0 +1,240 @@
+"""The guest roles (deploy/guest.py) against a lab VM guest: a Q35-shaped nspawn host (lab.pve.guest) with
+the stand-in NVIDIA apt repository and SGLang wheel (lab/guest_payload.py). Converge, then no change and no
+restart; one SGLang setting changed restarts once; the VM env file never enables P2P; bad data stops before
+pyinfra connects."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import guest_payload, hosts
+
+pytestmark = pytest.mark.lab
+
+INVENTORY = "tests/lab/inventories/guest_role.py"
+DEPLOY = "deploy/guest.py"
+_names = (f"g{os.getpid() % 10000}n{k}" for k in itertools.count(1))
+
+PyinfraCli = Callable[..., subprocess.CompletedProcess[str]]
+LabSsh = Callable[[hosts.LabHost, str], str]
+
+
+@pytest.fixture
+def guest() -> Iterator[hosts.LabHost]:
+    name = next(_names)
+    try:
+        yield guest_payload.up_guest(name)
+    finally:
+        hosts.down(name)
+
+
+class Run:
+    """One `pyinfra --json` run: exit status, stderr, and each operation's outcome by its name."""
+
+    def __init__(self, result: subprocess.CompletedProcess[str]) -> None:
+        self.rc = result.returncode
+        self.stderr = result.stderr
+        operations = json.loads(result.stdout)["results"]["operations"] if result.stdout.strip() else []
+        self.outcome = {
+            op["name"].split(" | ", 1)[1]: next(
+                kind for kind in ("success", "error", "no_change") if op[kind]
+            )
+            for op in operations
+        }
+
+    def changed(self) -> list[str]:
+        return [name for name, outcome in self.outcome.items() if outcome != "no_change"]
+
+
+def deploy(
+    cli: PyinfraCli, monkeypatch: pytest.MonkeyPatch, guest: hosts.LabHost, extra: dict[str, Any]
+) -> Run:
+    monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps(extra))
+    return Run(cli("--json", "-y", "--limit", guest.name, INVENTORY, DEPLOY, check=False))
+
+
+def starts(lab_ssh: LabSsh, guest: hosts.LabHost) -> int:
+    """How often the (stand-in) SGLang server started: it logs one `serving` line per start."""
+    journal = lab_ssh(guest, "journalctl -u sglang.service -o cat --no-pager")
+    return sum("sglang STAND-IN (pvegpu lab): serving" in line for line in journal.splitlines())
+
+
+def test_create_converges_then_noop_then_one_setting_restarts_once(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = deploy(pyinfra_cli, monkeypatch, guest, {})
+
+    assert first.rc == 0, first.stderr
+    assert first.outcome["Verify the GPUs, module flavour and version"] == "success"
+    assert first.outcome["Wait for /health and /v1/models"] == "success"
+    assert first.outcome["Start or restart SGLang (its unit, environment or venv changed)"] == "success"
+    assert starts(lab_ssh, guest) == 1
+    smi = lab_ssh(guest, "nvidia-smi --query-gpu=index,pci.bus_id,driver_version --format=csv,noheader")
+    assert smi.splitlines() == [f"{i}, 00000000:0{i + 1}:00.0, 580.95.05" for i in range(8)]
+    assert lab_ssh(guest, "systemctl is-active nvidia-persistenced sglang").split() == ["active", "active"]
+    models = lab_ssh(
+        guest,
+        '/opt/sglang/venv/bin/python -c "import urllib.request as u; '
+        "print(u.urlopen('http://127.0.0.1:30000/v1/models').read().decode())\"",
+    )
+    assert json.loads(models)["data"][0]["id"] == "glm-5"
+    assert lab_ssh(guest, "stat -c '%a %U' /etc/pvegpu/sglang.env") == "600 root\n"
+
+    second = deploy(pyinfra_cli, monkeypatch, guest, {})
+
+    assert (second.rc, second.changed()) == (0, [])
+    assert starts(lab_ssh, guest) == 1
+
+    third = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.85}})
+
+    assert third.rc == 0, third.stderr
+    assert third.changed() == [
+        "Write sglang.service",
+        "Reload systemd's units",
+        "Start or restart SGLang (its unit, environment or venv changed)",
+        "Wait for /health and /v1/models",
+    ]
+    assert starts(lab_ssh, guest) == 2
+    unit = lab_ssh(guest, "cat /etc/systemd/system/sglang.service")
+    assert " --mem-fraction-static 0.85 " in unit
+
+
+def test_vm_env_file_never_enables_p2p_and_says_why(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = deploy(pyinfra_cli, monkeypatch, guest, {})
+
+    assert run.rc == 0, run.stderr
+    env = lab_ssh(guest, "cat /etc/pvegpu/sglang.env").splitlines()
+    assert env[1] == (
+        "# Profile vm: the GPUs are passed through to this VM, where P2P between them is not supported; "
+        "NCCL uses shared memory and nothing here enables P2P"
+    )
+    settings = [line for line in env if not line.startswith("#")]
+    assert settings == ["NCCL_DEBUG=INFO", "NCCL_IB_DISABLE=1"]
+    assert not any(
+        "P2P_LEVEL" in line or "IGNORE_DISABLED_P2P" in line or "SHM_DISABLE" in line for line in env
+    )
+    unit = lab_ssh(guest, "cat /etc/systemd/system/sglang.service")
+    assert unit.count(" --enable-p2p-check --disable-custom-all-reduce") == 1
+    journal = lab_ssh(guest, "journalctl -u sglang.service -o cat --no-pager")
+    assert "NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct" in journal.splitlines()
+    doctor = pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "tests/lab/deploys/guest_doctor.py")
+    assert "  ranks 0 -> 1: SHM/direct (1 channel)\n" in doctor.stderr
+    assert "profile expects" not in doctor.stderr
+
+
+def test_error_bad_data_stops_before_connecting(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        (
+            {"sglang": {"extra_args": ["--no-such-flag"]}},
+            "sglang.extra_args: --no-such-flag is not an option of sglang serve 0.5.23",
+        ),
+        (
+            {"sglang": {"tp_size": 4}},
+            "sglang.tp_size, sglang.pp_size: tp_size 4 x pp_size 1 = 4 GPUs, but the node has 8 GPUs",
+        ),
+        (
+            {"driver": {"version": "570.86.15"}},
+            "driver.version: 570.86.15 is below 580.65.06, the oldest driver for the CUDA 13 runtime of "
+            "SGLang 0.5.23",
+        ),
+    ]
+    for extra, problem in cases:
+        run = deploy(pyinfra_cli, monkeypatch, guest, extra)
+
+        assert run.rc == 2, (extra, run.stderr)
+        assert f"{guest.name}: {problem}\n" in run.stderr
+        assert "Connecting to hosts" not in run.stderr
+    assert lab_ssh(guest, "test -e /etc/pvegpu || echo untouched") == "untouched\n"
+
+
+def test_create_api_key_beyond_loopback_key_never_written(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = guest.root / "root/sglang-api-key"
+    key.write_text("s3cret-lab-key\n")
+    key.chmod(0o600)
+
+    run = deploy(
+        pyinfra_cli,
+        monkeypatch,
+        guest,
+        {"sglang": {"host": "0.0.0.0", "api_key_file": "/root/sglang-api-key"}},
+    )
+
+    assert run.rc == 0, run.stderr
+    assert run.outcome["Wait for /health and /v1/models"] == "success"  # the probe sent the key
+    probe = (
+        '/opt/sglang/venv/bin/python -c "import urllib.request as u, urllib.error as e\n'
+        "try: u.urlopen('http://127.0.0.1:30000/v1/models')\n"
+        'except e.HTTPError as x: print(x.code)"'
+    )
+    assert lab_ssh(guest, probe) == "401\n"
+    written = lab_ssh(guest, "cat /etc/systemd/system/sglang.service /etc/pvegpu/sglang.env")
+    assert "s3cret" not in written
+    assert "LoadCredential=api-key:/root/sglang-api-key\n" in written
+    assert "s3cret" not in run.stderr
+
+
+def test_drift_doctor_warns_when_transports_contradict_the_profile(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Served as bare metal (no --enable-p2p-check: the stand-in logs P2P channels), checked as a VM.
+    assert deploy(pyinfra_cli, monkeypatch, guest, {"node": {"profile": "baremetal"}}).rc == 0
+    env = lab_ssh(guest, "cat /etc/pvegpu/sglang.env").splitlines()
+    assert env[1] == (
+        "# Profile baremetal: the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it "
+        "across root complexes"
+    )
+    at = env.index("NCCL_P2P_LEVEL=PHB")  # the guest's GPUs report no NUMA node: one node
+    assert env[at - 1] == (
+        "# all GPUs on one NUMA node: allow P2P through the CPU's host bridges "
+        "(NCCL's default (PXB) would fall back to SHM between root complexes)"
+    )
+    env_vm = {"node": {"profile": "vm"}}
+    monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps(env_vm))
+
+    run = pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "tests/lab/deploys/guest_doctor.py")
+
+    assert "  ranks 0 -> 1: P2P/CUMEM/read (1 channel)\n" in run.stderr
+    assert (
+        f"[{guest.name}] ranks 7 -> 0: P2P/CUMEM/read (1 channel); the vm profile expects SHM: P2P is not "
+        "supported between passed-through GPUs and forcing it hangs or corrupts data\n"
+    ) in run.stderr
+
+
+def test_bench_saves_tables_plots_and_history(
+    guest: hosts.LabHost,
+    pyinfra_cli: PyinfraCli,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    assert deploy(pyinfra_cli, monkeypatch, guest, {}).rc == 0
+    monkeypatch.setenv(
+        "PVEGPU_LAB_EXTRA_DATA", json.dumps({"bench": {"results_dir": str(tmp_path), "concurrency": [1, 4]}})
+    )
+
+    for _ in range(2):
+        pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "deploy/bench.py")
+
+    runs = sorted((tmp_path / guest.name).glob("*.md"))
+    assert len(runs) == 2  # run ids are UTC seconds; a run takes longer than that
+    table = runs[-1].read_text().splitlines()
+    assert [row.split(" | ")[:2] for row in table[4:]] == [["| 1", "4"], ["| 4", "16"]]
+    assert runs[-1].with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert [(run["host"], [row["concurrency"] for row in run["rows"]]) for run in history] == [
+        (guest.name, [1, 4]),
+        (guest.name, [1, 4]),
+    ]

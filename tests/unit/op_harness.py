@@ -1,0 +1,39 @@
+"""Run a pvegpu operation's generator with faked facts: facts in -> exact commands (or noop sentences) out.
+
+The operation body (`op._inner`) runs with pyinfra's `host` context bound to a `FakeHost` whose `get_fact`
+answers from a dict keyed by fact class; nothing connects anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.context import ctx_host
+
+
+class FakeHost:
+    name = "pve1"
+    print_prefix = "[pve1] "
+
+    def __init__(self, facts: Mapping[Any, object]) -> None:
+        self.facts = facts
+        self.noops: list[str] = []
+
+    def get_fact(self, fact: type, *_args: object, **_kwargs: Any) -> object:
+        return self.facts[fact]
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+
+def run_op(
+    op: Callable[..., Any], facts: Mapping[Any, object], **kwargs: Any
+) -> tuple[list[str | FunctionCommand], list[str]]:
+    """(commands, noop sentences); StringCommands as the raw shell line they run."""
+    fake = FakeHost(facts)
+    with ctx_host.use(fake):
+        commands = list(op._inner(**kwargs))  # type: ignore[attr-defined]
+    shown = [c.get_raw_value() if isinstance(c, StringCommand) else c for c in commands]
+    return shown, fake.noops

@@ -1,0 +1,93 @@
+"""Parsers of the guest facts: NVIDIA version file, nvidia-smi CSV, CUDA apt source, SGLang venv and probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.nvidia import (
+    AptSource,
+    LoadedModule,
+    NvidiaGpu,
+    NvidiaSmi,
+    parse_apt_source,
+    parse_nvidia_smi,
+    parse_version_file,
+)
+from pvegpu.facts.sglang import Probe, VenvState, parse_probe, parse_venv
+
+# Open flavour: the line shape quoted from open-gpu-kernel-modules #543 (knowledge file, section 4.1); the
+# build details after the version are synthesized. Proprietary: the documented "NVIDIA UNIX x86_64 Kernel
+# Module" shape, synthesized.
+OPEN = [
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  "
+    "(dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:33:09 UTC 2025",
+    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) ",
+]
+PROPRIETARY = ["NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.169  Wed Jun 11 12:00:00 UTC 2025"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "module"),
+    [
+        (OPEN, LoadedModule("open", "580.95.05")),
+        (PROPRIETARY, LoadedModule("proprietary", "570.169")),
+        ([], None),
+    ],
+    ids=["open", "proprietary", "absent"],
+)
+def test_version_file(lines: list[str], module: LoadedModule | None) -> None:
+    assert parse_version_file(lines) == module
+
+
+def test_error_version_file_without_nvrm_line() -> None:
+    with pytest.raises(
+        FactParseError, match=r"no 'NVRM version: \.\.\. Kernel Module <version>' in 'garbage'"
+    ):
+        parse_version_file(["garbage"])
+
+
+def test_nvidia_smi_csv() -> None:
+    # Synthesized in the shape `--query-gpu=index,name,pci.bus_id,driver_version --format=csv,noheader`
+    # prints (bus id as in the real capture 03: 00000000:01:00.0).
+    lines = [
+        "0, NVIDIA RTX 6000 Ada Generation, 00000000:01:00.0, 575.51.03",
+        "1, NVIDIA RTX 6000 Ada Generation, 00000000:41:00.0, 575.51.03",
+    ]
+    assert parse_nvidia_smi(lines) == NvidiaSmi(
+        (
+            NvidiaGpu(0, "NVIDIA RTX 6000 Ada Generation", "00000000:01:00.0", "575.51.03"),
+            NvidiaGpu(1, "NVIDIA RTX 6000 Ada Generation", "00000000:41:00.0", "575.51.03"),
+        ),
+        None,
+    )
+
+
+def test_nvidia_smi_failure_is_its_message() -> None:
+    message = (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
+    assert parse_nvidia_smi([message, ""]) == NvidiaSmi((), message)
+    assert parse_nvidia_smi([]) == NvidiaSmi((), "nvidia-smi printed nothing (not installed?)")
+
+
+def test_apt_source() -> None:
+    assert parse_apt_source(["keyring no"]) == AptSource(False, None)
+    assert parse_apt_source(["keyring yes", "list", "deb x /"]) == AptSource(True, "deb x /\n")
+    with pytest.raises(FactParseError, match=r"expected 'keyring yes\|no' first, got \['x'\]"):
+        parse_apt_source(["x"])
+
+
+def test_venv() -> None:
+    assert parse_venv([]) == VenvState(False, None)
+    assert parse_venv(["version none"]) == VenvState(True, None)
+    assert parse_venv(["version 0.5.23"]) == VenvState(True, "0.5.23")
+    with pytest.raises(FactParseError, match="expected 'version <v>\\|none', got \\['Traceback'\\]"):
+        parse_venv(["Traceback"])
+
+
+def test_probe() -> None:
+    assert parse_probe(["ok glm-5"]) == Probe(True, "glm-5")
+    assert parse_probe(["fail HTTP Error 401: Unauthorized"]) == Probe(False, "HTTP Error 401: Unauthorized")
+    assert parse_probe([]) == Probe(False, "the probe printed nothing (no Python in the venv?)")

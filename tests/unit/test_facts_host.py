@@ -1,0 +1,129 @@
+"""Host-role facts: CPU vendor, kernel release, pvegpu's boot files.
+
+Evidence: each command also runs on this machine through pyinfra (real /proc/cpuinfo, `uname -r`, /etc),
+compared with what Python reads directly. The literal lines are the kernel's formats (synthesized, labelled).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from pyinfra.api.facts import get_fact
+
+from pvegpu.facts.cpu import VENDORS, CpuVendor, KernelRelease, parse_cpu_vendor, parse_kernel_release
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.pvegpu_boot import BootFiles, PvegpuBootFiles, parse_boot_files
+from tests.unit.pyinfra_local import local_state
+
+
+@pytest.mark.parametrize(
+    ("lines", "vendor"),
+    [
+        (["vendor_id\t: AuthenticAMD"], "amd"),  # synthesized: /proc/cpuinfo's x86 line format
+        (["vendor_id\t: GenuineIntel"], "intel"),
+        ([], None),  # no vendor_id line: not x86
+    ],
+)
+def test_cpu_vendor(lines: list[str], vendor: str | None) -> None:
+    assert parse_cpu_vendor(lines) == vendor
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            ["vendor_id\t: HygonGenuine"],
+            "/proc/cpuinfo: CPU vendor 'HygonGenuine' is neither AuthenticAMD nor GenuineIntel",
+        ),
+        (
+            ["model name : x"],
+            "/proc/cpuinfo: expected one 'vendor_id : <vendor>' line, got ['model name : x']",
+        ),
+    ],
+)
+def test_cpu_vendor_refused(lines: list[str], message: str) -> None:
+    with pytest.raises(FactParseError) as raised:
+        parse_cpu_vendor(lines)
+    assert str(raised.value) == message
+
+
+def test_cpu_vendor_of_this_machine_through_pyinfra() -> None:
+    found = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    assert found is not None, "this test needs an x86 machine"
+    state, local = local_state()
+    assert get_fact(state, local, CpuVendor) == VENDORS[found[1]]
+
+
+@pytest.mark.parametrize(
+    ("release", "parsed"),
+    [("6.8.12-4-pve", (6, 8)), ("6.1.0-27-amd64", (6, 1)), ("5.15.143-1-pve", (5, 15))],
+)
+def test_kernel_release(release: str, parsed: tuple[int, int]) -> None:
+    assert parse_kernel_release([release]) == parsed
+
+
+def test_kernel_release_garbled() -> None:
+    with pytest.raises(FactParseError) as raised:
+        parse_kernel_release([])
+    assert str(raised.value) == "uname -r: expected a release like 6.8.12-4-pve, got []"
+
+
+def test_kernel_release_of_this_machine_through_pyinfra() -> None:
+    major, minor = os.uname().release.split(".")[:2]
+    state, local = local_state()
+    assert get_fact(state, local, KernelRelease) == (int(major), int(minor))
+
+
+def test_boot_files_sections() -> None:
+    lines = [
+        "#pvegpu:kernel_cmdline",
+        "present",
+        "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet",
+        "#pvegpu:backup",
+        "present",
+        "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet",
+        "#pvegpu:grub_dropin",
+        "#pvegpu:owned",
+        "present",
+        "amd_iommu=on",
+        "iommu=pt",
+        "#pvegpu:modules_load",
+        "present",
+        "",
+        "#pvegpu:modprobe",
+        "#pvegpu:end",
+    ]
+    assert parse_boot_files(lines) == BootFiles(
+        kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet\n",
+        backup_present=True,
+        grub_dropin=None,
+        owned_tokens=("amd_iommu=on", "iommu=pt"),
+        modules_load="\n",
+        modprobe=None,
+    )
+
+
+def test_boot_files_truncated() -> None:
+    with pytest.raises(FactParseError) as raised:
+        parse_boot_files(["#pvegpu:kernel_cmdline"])
+    assert str(raised.value) == "truncated output: the #pvegpu:backup marker is missing"
+
+
+def test_boot_files_of_this_machine_through_pyinfra() -> None:
+    def read(path: str) -> str | None:
+        file = Path(path)
+        return file.read_text() if file.is_file() else None
+
+    state, local = local_state()
+    owned = read("/etc/pvegpu/cmdline-tokens") or ""
+    assert get_fact(state, local, PvegpuBootFiles) == BootFiles(
+        kernel_cmdline=read("/etc/kernel/cmdline"),
+        backup_present=Path("/etc/kernel/cmdline.pvegpu-orig").is_file(),
+        grub_dropin=read("/etc/default/grub.d/pvegpu.cfg"),
+        owned_tokens=tuple(owned.split()),
+        modules_load=read("/etc/modules-load.d/pvegpu-vfio.conf"),
+        modprobe=read("/etc/modprobe.d/pvegpu-vfio.conf"),
+    )

@@ -1,0 +1,283 @@
+"""Operations of the guest roles (nvidia_driver, sglang): facts in -> exact commands out, or the noop
+sentence, or the error; FunctionCommands run against a fake shell that answers like the host would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import File
+
+from pvegpu.facts.nvidia import (
+    AptSource,
+    CudaAptSource,
+    LoadedModule,
+    NvidiaGpu,
+    NvidiaGpus,
+    NvidiaModule,
+    NvidiaSmi,
+)
+from pvegpu.facts.sglang import Probe, SglangProbe, SglangVenv, VenvState
+from pvegpu.models.driver import DriverSpec
+from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified
+from pvegpu.operations.reboot import REBOOT
+from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
+from tests.unit.op_harness import run_op
+
+LIST = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+LINE = "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] file:/srv/pvegpu-lab/apt/ /\n"
+KEYRING_URL = "file:/srv/pvegpu-lab/apt/cuda-keyring_1.1-1_all.deb"
+DRIVER = DriverSpec()
+OPEN_580 = LoadedModule("open", "580.95.05")
+# Synthesized in nvidia-smi's `--query-gpu=... --format=csv,noheader` shape.
+EIGHT = NvidiaSmi(
+    tuple(
+        NvidiaGpu(i, "NVIDIA RTX PRO 6000 Blackwell Server Edition", f"00000000:0{i + 1}:00.0", "580.95.05")
+        for i in range(8)
+    ),
+    None,
+)
+OPEN_580_FILE = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (x)"
+
+
+@dataclass
+class _Output:
+    stdout_lines: list[str]
+
+
+class FakeShell:
+    """A host for FunctionCommands: answers each command from `answers` (first matching substring)."""
+
+    def __init__(self, answers: Mapping[str, list[str]]) -> None:
+        self.answers = answers
+        self.ran: list[str] = []
+
+    def run_shell_command(self, command: StringCommand, print_output: bool = False) -> tuple[bool, _Output]:
+        del print_output
+        line = command.get_raw_value()
+        self.ran.append(line)
+        return True, _Output(next((out for key, out in self.answers.items() if key in line), []))
+
+    # The reboot wait reconnects; this host is back at once.
+    connected = True
+
+    def connect(self, show_errors: bool = True) -> None:
+        del show_errors
+        self.ran.append("<connect>")
+
+    def disconnect(self) -> None:
+        self.ran.append("<disconnect>")
+
+
+def call(command: object, shell: FakeShell) -> None:
+    assert isinstance(command, FunctionCommand)
+    function: Callable[..., None] = command.function
+    function(None, shell)
+
+
+# --- cuda_repository --------------------------------------------------------------------------
+
+
+def repository(state: AptSource) -> tuple[list[Any], list[str]]:
+    return run_op(
+        cuda_repository, {CudaAptSource: state}, source_line=LINE, list_path=LIST, keyring_url=KEYRING_URL
+    )
+
+
+def test_create_repository_fetches_keyring_writes_list_updates() -> None:
+    commands, noops = repository(AptSource(keyring=False, content=None))
+    assert commands == [
+        f"/usr/lib/apt/apt-helper download-file {KEYRING_URL} /tmp/pvegpu-cuda-keyring.deb && "
+        "dpkg --force-confold -i /tmp/pvegpu-cuda-keyring.deb && rm -f /tmp/pvegpu-cuda-keyring.deb",
+        f"printf %s '{LINE}' > {LIST}",
+        "apt-get update -qq",
+    ]
+    assert noops == []
+
+
+def test_update_repository_replaces_keyrings_list_with_the_mirror() -> None:
+    nvidia = LINE.replace("file:/srv/pvegpu-lab/apt/", "https://developer.download.nvidia.com/x/")
+    commands, _ = repository(AptSource(keyring=True, content=nvidia))
+    assert commands == [f"printf %s '{LINE}' > {LIST}", "apt-get update -qq"]
+
+
+def test_noop_repository() -> None:
+    commands, noops = repository(AptSource(keyring=True, content=LINE))
+    assert (commands, noops) == (
+        [],
+        [
+            f"{LIST} already points apt at file:/srv/pvegpu-lab/apt/ "
+            "(key /usr/share/keyrings/cuda-archive-keyring.gpg)"
+        ],
+    )
+
+
+# --- driver_module ----------------------------------------------------------------------------
+
+
+def test_noop_module_loaded() -> None:
+    commands, noops = run_op(driver_module, {NvidiaModule: OPEN_580}, driver=DRIVER, installing=False)
+    assert (commands, noops) == ([], ["the open NVIDIA kernel module 580.95.05 is loaded"])
+
+
+def test_error_module_still_old_after_install_without_allow_reboot() -> None:
+    commands, _ = run_op(driver_module, {NvidiaModule: None}, driver=DRIVER, installing=True)
+    assert len(commands) == 1
+    old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
+    with pytest.raises(OperationError) as error:
+        call(commands[0], FakeShell({"cat": [old]}))
+    assert str(error.value) == (
+        "the loaded kernel module is the open 580.65.06, not the pinned open 580.95.05: "
+        "reboot the host, or set driver.allow_reboot"
+    )
+    call(commands[0], FakeShell({"cat": [OPEN_580_FILE]}))  # loaded by the install: passes
+
+
+def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pvegpu.operations.nvidia._REBOOT_DELAY_S", 0.0)
+    driver = DriverSpec(allow_reboot=True)
+    commands, _ = run_op(driver_module, {NvidiaModule: OPEN_580}, driver=driver, installing=True)
+    old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
+    shell = FakeShell({"cat": [old]})
+    reboot = REBOOT
+
+    def run(command: StringCommand, print_output: bool = False) -> tuple[bool, _Output]:
+        if command.get_raw_value() == reboot:
+            shell.answers = {"cat": [OPEN_580_FILE]}  # the new module is loaded at boot
+        return FakeShell.run_shell_command(shell, command, print_output)
+
+    monkeypatch.setattr(shell, "run_shell_command", run)
+    call(commands[0], shell)
+    cat = "cat /proc/driver/nvidia/version 2>/dev/null || true"
+    assert shell.ran == [cat, REBOOT, "<disconnect>", "<connect>", cat]
+
+
+def test_update_module_reboots_only_when_still_mismatched() -> None:
+    driver = DriverSpec(allow_reboot=True)
+    commands, _ = run_op(driver_module, {NvidiaModule: None}, driver=driver, installing=True)
+    shell = FakeShell({"cat": [OPEN_580_FILE]})
+    call(commands[0], shell)
+    assert shell.ran == ["cat /proc/driver/nvidia/version 2>/dev/null || true"]  # already loaded: no reboot
+    assert REBOOT not in shell.ran
+
+
+# --- driver_verified --------------------------------------------------------------------------
+
+
+def test_noop_verified() -> None:
+    facts = {NvidiaModule: OPEN_580, NvidiaGpus: EIGHT}
+    commands, noops = run_op(driver_verified, facts, driver=DRIVER, gpu_count=8, installing=False)
+    assert (commands, noops) == ([], ["nvidia-smi lists 8 GPUs on the open kernel module 580.95.05"])
+
+
+def test_error_verified_names_every_problem() -> None:
+    facts = {
+        NvidiaModule: LoadedModule("proprietary", "580.95.05"),
+        NvidiaGpus: NvidiaSmi(EIGHT.gpus[:7], None),
+    }
+    with pytest.raises(OperationError) as error:
+        run_op(driver_verified, facts, driver=DRIVER, gpu_count=8, installing=False)
+    assert str(error.value) == (
+        "the loaded kernel module is the proprietary 580.95.05, not the pinned open 580.95.05; "
+        "nvidia-smi lists 7 GPUs, expected 8 (node.gpus.count)"
+    )
+
+
+def test_create_verified_checks_on_the_host_after_install() -> None:
+    commands, _ = run_op(driver_verified, {}, driver=DRIVER, gpu_count=8, installing=True)
+    failing = FakeShell({"cat": [OPEN_580_FILE], "nvidia-smi": ["No devices were found"]})
+    with pytest.raises(OperationError) as error:
+        call(commands[0], failing)
+    assert str(error.value) == "nvidia-smi failed: No devices were found"
+    rows = [f"{g.index}, {g.name}, {g.bus_id}, {g.driver_version}" for g in EIGHT.gpus]
+    call(commands[0], FakeShell({"cat": [OPEN_580_FILE], "nvidia-smi": rows}))
+
+
+# --- sglang_venv, model_download ----------------------------------------------------------------
+
+
+def venv(state: VenvState, pip_args: tuple[str, ...] = ()) -> tuple[list[Any], list[str]]:
+    return run_op(
+        sglang_venv, {SglangVenv: state}, venv="/opt/sglang/venv", version="0.5.23", pip_args=pip_args
+    )
+
+
+def test_create_venv_and_install_pinned_from_mirror() -> None:
+    commands, _ = venv(VenvState(False, None), ("--no-index", "--find-links", "/srv/wheels"))
+    assert commands == [
+        "python3 -m venv /opt/sglang/venv",
+        "/opt/sglang/venv/bin/pip install --disable-pip-version-check --quiet --no-index --find-links "
+        "/srv/wheels sglang==0.5.23",
+    ]
+
+
+def test_update_venv_other_version() -> None:
+    commands, _ = venv(VenvState(True, "0.5.20"))
+    assert commands == ["/opt/sglang/venv/bin/pip install --disable-pip-version-check --quiet sglang==0.5.23"]
+
+
+def test_noop_venv_local_label_matches_pin() -> None:
+    assert venv(VenvState(True, "0.5.23+pvegpulab")) == (
+        [],
+        ["venv /opt/sglang/venv has sglang 0.5.23+pvegpulab"],
+    )
+
+
+def test_create_model_download_token_by_path_only() -> None:
+    commands, _ = run_op(
+        model_download,
+        {File: None},
+        model_path="/models/GLM-5-NVFP4",
+        repo="nvidia/GLM-5-NVFP4",
+        venv="/opt/sglang/venv",
+        user="sglang",
+        token_file="/root/hf-token",
+    )
+    assert commands == [
+        "env HF_TOKEN_PATH=/root/hf-token /opt/sglang/venv/bin/hf download nvidia/GLM-5-NVFP4 "
+        "--local-dir /models/GLM-5-NVFP4 && chown -R sglang:sglang /models/GLM-5-NVFP4"
+    ]
+
+
+def test_noop_model_present() -> None:
+    result = run_op(
+        model_download, {File: {"size": 1}}, model_path="/m", repo="a/b", venv="/v", user="sglang"
+    )
+    assert result == ([], ["/m holds a model (config.json is there): no download"])
+
+
+# --- sglang_ready -----------------------------------------------------------------------------
+
+READY = {"python": "/opt/sglang/venv/bin/python", "base_url": "http://127.0.0.1:30000", "key_file": None}
+
+
+def test_noop_ready() -> None:
+    result = run_op(sglang_ready, {SglangProbe: Probe(True, "glm-5")}, **READY, timeout_s=5, starting=False)
+    assert result == ([], ["sglang.service answers http://127.0.0.1:30000/health and /v1/models (glm-5)"])
+
+
+def test_error_not_ready_without_change() -> None:
+    with pytest.raises(OperationError) as error:
+        run_op(sglang_ready, {SglangProbe: Probe(False, "<urlopen error [Errno 111] Connection refused>")},
+               **READY, timeout_s=5, starting=False)  # fmt: skip
+    assert str(error.value) == (
+        "sglang.service does not answer at http://127.0.0.1:30000: "
+        "<urlopen error [Errno 111] Connection refused>"
+    )
+
+
+def test_error_start_timeout_shows_journal_tail() -> None:
+    commands, _ = run_op(sglang_ready, {}, **READY, timeout_s=0.01, starting=True)
+    shell = FakeShell({"journalctl": ["sglang serve: error: model path /m is not a directory"]})
+    with pytest.raises(OperationError) as error:
+        call(commands[0], shell)
+    assert str(error.value) == (
+        "sglang.service did not answer http://127.0.0.1:30000/health and /v1/models within 0 s "
+        "(last: the probe printed nothing (no Python in the venv?)); its last journal lines:\n"
+        "sglang serve: error: model path /m is not a directory"
+    )
+    assert shell.ran[-1] == "journalctl -u sglang.service -n 20 --no-pager -o cat"

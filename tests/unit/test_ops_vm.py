@@ -1,0 +1,259 @@
+"""`q35_vm`, `vm_running`, `guest_gpus`: API state in -> exact API calls out (when executed), or the noop
+sentence, or the error. API answers and error texts follow proxmox-api-behaviour.md §4-5 (config values
+typed as Proxmox types them: ints for integer keys, strings otherwise; missing VM; checksum mismatch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+
+from pvegpu.models.vm import VmSpec
+from pvegpu.operations.vm import guest_gpus, q35_vm, vm_running
+from pvegpu.plan.mmio import MmioWindow
+from pvegpu.plan.vm import create_keys, vm_config
+from pvegpu.pve import PveError
+from tests.unit.fake_pve import UPID_CREATE, UPID_START, FakeApi, execute, sequence, task_ok
+from tests.unit.hostdata import two_cards
+from tests.unit.op_harness import run_op
+
+SPEC = VmSpec(vmid=100, cores=16, memory=65536)
+IDS = [f"gpu{n}" for n in range(8)]
+MMIO = "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=4194304"
+WINDOW = MmioWindow(bar_bytes=1 << 40, window_mib=4194304, args=MMIO, phys_bits=44)
+CONFIG = vm_config(SPEC, IDS, WINDOW)
+CREATE = create_keys(SPEC)
+CONFIG_PATH = "/nodes/pve1/qemu/100/config"
+MISSING = PveError(500, "Configuration file 'nodes/pve1/qemu-server/100.conf' does not exist")
+
+
+def created_config(**changes: object) -> dict[str, object]:
+    """The config Proxmox returns for the VM pvegpu created (ints where Proxmox types them so)."""
+    values: dict[str, object] = {
+        **CONFIG,
+        "cores": 16,
+        "sockets": 1,
+        "numa": 1,
+        "balloon": 0,
+        "onboot": 1,
+        "efidisk0": "local-lvm:vm-100-disk-0,efitype=4m,pre-enrolled-keys=0,size=4M",
+        "scsi0": "local-lvm:vm-100-disk-1,iothread=1,size=200G",
+        "net0": "virtio=BC:24:11:3F:00:12,bridge=vmbr0",
+        "boot": "order=scsi0;net0",
+        "meta": "creation-qemu=9.2.0,ctime=1764400000",
+        "vmgenid": "8d5f7d36-7a43-4a8e-9a1e-4f0a7d9d0c11",
+        "digest": "c0ffee",
+    }
+    values.update(changes)
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
+    return run_op(
+        q35_vm,
+        {},
+        api=api.client,
+        node="pve1",
+        vmid=100,
+        config=CONFIG,
+        create=CREATE,
+        prefix="gpu",
+        timeout_s=5,
+    )
+
+
+def test_vm_config_keys() -> None:
+    assert {
+        "name": "llm",
+        "machine": "q35",
+        "bios": "ovmf",
+        "ostype": "l26",
+        "cpu": "host",
+        "sockets": "1",
+        "cores": "16",
+        "memory": "65536",
+        "numa": "1",
+        "balloon": "0",
+        "agent": "1",
+        "onboot": "1",
+        "scsihw": "virtio-scsi-single",
+        **{f"hostpci{n}": f"mapping=gpu{n},pcie=1" for n in range(8)},
+        "args": MMIO,
+    } == CONFIG
+    assert CREATE == {
+        "efidisk0": "local-lvm:1,efitype=4m,pre-enrolled-keys=0",
+        "scsi0": "local-lvm:200,iothread=1",
+        "net0": "virtio,bridge=vmbr0",
+    }
+    phys = vm_config(VmSpec(vmid=100, mmio="phys-bits", hugepages="1024"), IDS[:1], WINDOW)
+    assert (phys["cpu"], phys["hugepages"], "args" in phys) == ("host,phys-bits=44", "1024", False)
+
+
+def test_create_when_absent_posts_every_key_and_waits_for_the_task() -> None:
+    api = FakeApi(
+        {
+            ("GET", CONFIG_PATH): MISSING,
+            ("POST", "/nodes/pve1/qemu"): UPID_CREATE,
+            ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status"): task_ok(UPID_CREATE),
+        }
+    )
+
+    commands, noops = converge(api)
+    execute(commands)
+
+    assert noops == []
+    assert api.writes() == [("POST", "/nodes/pve1/qemu", {"vmid": 100, **CONFIG, **CREATE})]
+    assert api.calls[-1] == ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status", {})
+
+
+def test_noop_second_run_with_8_hostpci_entries() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config()})
+
+    commands, noops = converge(api)
+
+    assert commands == []
+    assert noops == ["VM 100 (llm) on pve1 has its config: q35, ovmf, 8 hostpci devices"]
+
+
+def test_update_puts_only_differing_keys_with_the_digest_and_keeps_operator_args_and_disks() -> None:
+    current = created_config(
+        cores=8,
+        hostpci3="mapping=gpu3,pcie=0",
+        hostpci9="mapping=gpu9,pcie=1",
+        args="-cpu kvm=on -fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=65536",
+        hugepages="2",
+        net0="virtio=BC:24:11:3F:00:12,bridge=vmbr1",
+    )
+    api = FakeApi({("GET", CONFIG_PATH): current, ("PUT", CONFIG_PATH): None})
+
+    commands, _ = converge(api)
+    execute(commands)
+
+    assert api.writes() == [
+        (
+            "PUT",
+            CONFIG_PATH,
+            {
+                "cores": "16",
+                "args": f"-cpu kvm=on {MMIO}",
+                "net0": "virtio=BC:24:11:3F:00:12,bridge=vmbr0",
+                "hostpci3": "mapping=gpu3,pcie=1",
+                "delete": "hugepages,hostpci9",
+                "digest": "c0ffee",
+            },
+        )
+    ]
+
+
+def test_update_adds_a_missing_disk_never_recreates_the_vm() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config(scsi0=None), ("PUT", CONFIG_PATH): None})
+
+    commands, _ = converge(api)
+    execute(commands)
+
+    assert api.writes() == [("PUT", CONFIG_PATH, {"scsi0": "local-lvm:200,iothread=1", "digest": "c0ffee"})]
+
+
+def test_error_digest_mismatch_overwrites_nothing() -> None:
+    mismatch = PveError(500, "checksum mismatch (file change by other user?)")
+    api = FakeApi({("GET", CONFIG_PATH): created_config(cores=8), ("PUT", CONFIG_PATH): mismatch})
+    commands, _ = converge(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == (
+        "VM 100 config not updated, nothing overwritten: checksum mismatch (file change by other user?)"
+    )
+
+
+def test_error_slot_held_by_a_device_pvegpu_does_not_own() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config(hostpci0="0000:61:00.0,pcie=1")})
+
+    with pytest.raises(OperationError) as error:
+        converge(api)
+
+    assert str(error.value) == (
+        "VM 100: hostpci0 holds '0000:61:00.0,pcie=1', which is not a gpu<N> mapping: free the slot first"
+    )
+
+
+def start(api: FakeApi, unbound: tuple[str, ...] = ()) -> tuple[list[Any], list[str]]:
+    return run_op(vm_running, {}, api=api.client, node="pve1", vmid=100, unbound=unbound, timeout_s=5)
+
+
+STATUS = "/nodes/pve1/qemu/100/status/current"
+
+
+def status(state: str) -> dict[str, object]:
+    return {"vmid": 100, "status": state, "qmpstatus": state, "name": "llm"}
+
+
+def test_noop_vm_running() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config(), ("GET", STATUS): status("running")})
+
+    commands, noops = start(api)
+
+    assert (commands, noops) == ([], ["VM 100 is running on pve1"])
+
+
+def test_start_waits_for_the_task_then_for_running() -> None:
+    api = FakeApi(
+        {
+            ("GET", CONFIG_PATH): created_config(),
+            ("GET", STATUS): sequence(status("stopped"), status("running")),
+            ("POST", "/nodes/pve1/qemu/100/status/start"): UPID_START,
+            ("GET", f"/nodes/pve1/tasks/{UPID_START}/status"): task_ok(UPID_START),
+        }
+    )
+
+    commands, _ = start(api)
+    execute(commands)
+
+    assert api.writes() == [("POST", "/nodes/pve1/qemu/100/status/start", {})]
+    assert api.calls[-1] == ("GET", STATUS, {})
+
+
+def test_error_start_fails_with_proxmox_message() -> None:
+    invalid = (
+        "PCI device mapping invalid (hardware probably changed): "
+        "'iommugroup' does not match for 'gpu0' (13 != 12) "
+    )
+    failed = {"upid": UPID_START, "status": "stopped", "exitstatus": invalid}
+    api = FakeApi(
+        {
+            ("GET", CONFIG_PATH): created_config(),
+            ("GET", STATUS): status("stopped"),
+            ("POST", "/nodes/pve1/qemu/100/status/start"): UPID_START,
+            ("GET", f"/nodes/pve1/tasks/{UPID_START}/status"): failed,
+        }
+    )
+    commands, _ = start(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == f"VM 100 did not start: {invalid}"
+
+
+def test_error_start_refused_while_vfio_binding_is_not_in_effect() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config(), ("GET", STATUS): status("stopped")})
+
+    with pytest.raises(OperationError) as error:
+        start(api, ("0000:41:00.0 (nvidia)", "0000:41:00.1 (snd_hda_intel)"))
+
+    assert str(error.value) == (
+        "refusing to start VM 100: vfio binding not in effect on pve1 for "
+        "0000:41:00.0 (nvidia), 0000:41:00.1 (snd_hda_intel) (run deploy/host.py)"
+    )
+    assert api.writes() == []
+
+
+def test_guest_gpus_noop_and_error() -> None:
+    _, noops = run_op(guest_gpus, {}, hardware=two_cards(), expected=2)
+    assert noops == ["the guest sees 2 NVIDIA GPUs: 0000:41:00.0, 0000:51:00.0"]
+
+    with pytest.raises(OperationError) as error:
+        run_op(guest_gpus, {}, hardware=two_cards(), expected=8)
+    assert str(error.value) == "the guest sees 2 NVIDIA GPUs, expected 8: 0000:41:00.0, 0000:51:00.0"

@@ -1,0 +1,103 @@
+"""plan.cmdline: desired tokens per profile and CPU vendor; edits that remove only pvegpu's own tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from pvegpu.plan.cmdline import CmdlineEdit, desired_tokens, edit_cmdline
+from pvegpu.plan.errors import PlanError
+
+# Synthesized: a fresh Proxmox VE 8 systemd-boot (ZFS) /etc/kernel/cmdline, as the installer writes it.
+FRESH = ("root=ZFS=rpool/ROOT/pve-1", "boot=zfs", "quiet")
+
+
+@pytest.mark.parametrize(
+    ("vendor", "extra", "expected"),
+    [
+        ("amd", (), ("amd_iommu=on", "iommu=pt")),
+        ("intel", (), ("intel_iommu=on", "iommu=pt")),
+        ("amd", ("pcie_aspm=off", "iommu=pt"), ("amd_iommu=on", "iommu=pt", "pcie_aspm=off")),
+    ],
+)
+def test_desired_tokens_vm(vendor: str, extra: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    assert desired_tokens("vm", vendor, extra) == expected
+
+
+@pytest.mark.parametrize("profile", ["lxc", "baremetal"])
+@pytest.mark.parametrize("vendor", ["amd", "intel", None])
+def test_desired_tokens_host_driver_profiles_keep_only_iommu_pt(profile: str, vendor: str | None) -> None:
+    assert desired_tokens(profile, vendor, ("pcie_aspm=off", "iommu=pt")) == ("iommu=pt", "pcie_aspm=off")
+
+
+@pytest.mark.parametrize(
+    ("profile", "vendor", "message"),
+    [
+        (
+            "vm",
+            None,
+            "host: cannot tell the CPU vendor (None in /proc/cpuinfo), so not which <vendor>_iommu=on to set",
+        ),
+        ("vms", "amd", "node.profile: 'vms' is not one of vm, lxc, baremetal"),
+    ],
+)
+def test_desired_tokens_refused(profile: str, vendor: str | None, message: str) -> None:
+    with pytest.raises(PlanError) as raised:
+        desired_tokens(profile, vendor, ())
+    assert str(raised.value) == message
+
+
+def test_create_appends_missing_tokens_and_owns_them() -> None:
+    assert edit_cmdline(FRESH, (), ("amd_iommu=on", "iommu=pt")) == CmdlineEdit(
+        tokens=(*FRESH, "amd_iommu=on", "iommu=pt"),
+        owned=("amd_iommu=on", "iommu=pt"),
+        added=("amd_iommu=on", "iommu=pt"),
+        removed=(),
+    )
+
+
+def test_noop_when_everything_is_there() -> None:
+    current = (*FRESH, "amd_iommu=on", "iommu=pt")
+    owned = ("amd_iommu=on", "iommu=pt")
+    assert edit_cmdline(current, owned, owned) == CmdlineEdit(
+        tokens=current, owned=owned, added=(), removed=()
+    )
+
+
+def test_a_users_token_survives_and_stays_the_users() -> None:
+    # The user had iommu=pt before pvegpu: pvegpu does not own it, so dropping it later leaves it.
+    current = (*FRESH, "iommu=pt", "mitigations=off")
+    first = edit_cmdline(current, (), ("amd_iommu=on", "iommu=pt"))
+    assert first == CmdlineEdit(
+        tokens=(*current, "amd_iommu=on"), owned=("amd_iommu=on",), added=("amd_iommu=on",), removed=()
+    )
+    later = edit_cmdline(first.tokens, first.owned, ())
+    assert later.tokens == current
+    assert later.removed == ("amd_iommu=on",)
+
+
+def test_update_removes_a_token_pvegpu_owned_and_no_longer_wants() -> None:
+    current = (*FRESH, "amd_iommu=on", "iommu=pt", "pcie_aspm=off")
+    owned = ("amd_iommu=on", "iommu=pt", "pcie_aspm=off")
+    assert edit_cmdline(current, owned, ("amd_iommu=on", "iommu=pt")) == CmdlineEdit(
+        tokens=(*FRESH, "amd_iommu=on", "iommu=pt"),
+        owned=("amd_iommu=on", "iommu=pt"),
+        added=(),
+        removed=("pcie_aspm=off",),
+    )
+
+
+def test_owned_token_a_user_deleted_is_added_again() -> None:
+    assert edit_cmdline(FRESH, ("iommu=pt",), ("iommu=pt",)) == CmdlineEdit(
+        tokens=(*FRESH, "iommu=pt"), owned=("iommu=pt",), added=("iommu=pt",), removed=()
+    )
+
+
+def test_switch_to_baremetal_and_back_gives_the_fresh_line() -> None:
+    # vm -> baremetal drops amd_iommu=on (pvegpu's), keeps iommu=pt; back to vm gives a fresh deploy's line.
+    fresh = edit_cmdline(FRESH, (), ("amd_iommu=on", "iommu=pt"))
+    baremetal = edit_cmdline(fresh.tokens, fresh.owned, ("iommu=pt",))
+    assert baremetal == CmdlineEdit(
+        tokens=(*FRESH, "iommu=pt"), owned=("iommu=pt",), added=(), removed=("amd_iommu=on",)
+    )
+    back = edit_cmdline(baremetal.tokens, baremetal.owned, ("amd_iommu=on", "iommu=pt"))
+    assert back == CmdlineEdit(tokens=fresh.tokens, owned=fresh.owned, added=("amd_iommu=on",), removed=())

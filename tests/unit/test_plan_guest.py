@@ -1,0 +1,207 @@
+"""The guest roles' pure parts: DriverSpec, CUDA repository choice, flavour and version checks, the
+cross-key check run at inventory load, and the SGLang unit's ExecStart and rendered files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pvegpu.facts.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.guest_inventory import exit_on_invalid_guests
+from pvegpu.models.driver import DRIVER_KEY, DriverSpec
+from pvegpu.models.errors import InventoryError
+from pvegpu.models.inventory import ROLE_SPECS, NodeSpec, validate_inventory
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.operations.render import render
+from pvegpu.plan.driver import apt_source_line, cuda_distro, flavour_problems, keyring_url, verify_problems
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.guest import check_guest
+from pvegpu.plan.nccl import plan_nccl
+from pvegpu.plan.sglang import plan_sglang_argv
+from pvegpu.plan.sglang_service import exec_start
+
+NODE = {"name": "gpu-vm", "gpus": {"ids": ["10de:2bb1"], "count": 8}}
+
+
+def problems(data: dict[str, Any]) -> list[str]:
+    with pytest.raises(InventoryError) as error:
+        validate_inventory([("h", {"node": NODE, **data})])
+    return list(error.value.problems)
+
+
+def test_driver_registered_with_defaults() -> None:
+    assert ROLE_SPECS[DRIVER_KEY] is DriverSpec
+    spec = DriverSpec()
+    assert (spec.version, spec.package_version, spec.flavour, spec.allow_reboot) == (
+        "580.95.05", "580.95.05-1", "open", False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("driver", "expected"),
+    [
+        (
+            {"version": "570.86.15"},
+            "h: driver.version: 570.86.15 is below 580.65.06, the oldest driver for the CUDA 13 runtime of "
+            "SGLang 0.5.23",
+        ),
+        ({"version": "580"}, "h: driver.version: '580' is not an NVIDIA driver version like 580.95.05"),
+        ({"flavour": "nouveau"}, "h: driver.flavour: must be one of open, proprietary (got 'nouveau')"),
+        (
+            {"repository": "ftp://mirror/cuda"},
+            "h: driver.repository: 'ftp://mirror/cuda' is not an http(s):// or file: URL ending in /",
+        ),
+        ({"versoin": "580.95.05"}, "h: driver.versoin: unknown field (did you mean 'version'?)"),
+    ],
+)
+def test_error_driver_field_named(driver: dict[str, Any], expected: str) -> None:
+    assert problems({"driver": driver}) == [expected]
+
+
+def test_floor_itself_is_accepted() -> None:
+    assert DriverSpec(version="580.65.06").version == "580.65.06"
+
+
+@pytest.mark.parametrize(
+    ("os_id", "version_id", "distro"),
+    [("debian", "12", "debian12"), ("debian", "13", "debian13"), ("ubuntu", "22.04", "ubuntu2204"),
+     ("ubuntu", "24.04", "ubuntu2404")],
+)  # fmt: skip
+def test_cuda_distro(os_id: str, version_id: str, distro: str) -> None:
+    assert cuda_distro(os_id, version_id) == distro
+
+
+def test_error_cuda_distro_unsupported() -> None:
+    with pytest.raises(PlanError) as error:
+        cuda_distro("debian", "11")
+    assert str(error.value) == (
+        "driver: debian 11 is not a distribution NVIDIA's CUDA repository serves; "
+        "supported: debian 12, debian 13, ubuntu 22.04, ubuntu 24.04"
+    )
+
+
+def test_repository_lines_default_and_mirror() -> None:
+    assert apt_source_line(DriverSpec(), "ubuntu2404") == (
+        "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ /\n"
+    )
+    mirror = DriverSpec(repository="file:/srv/pvegpu-lab/apt/")
+    assert keyring_url(mirror, "debian12") == "file:/srv/pvegpu-lab/apt/cuda-keyring_1.1-1_all.deb"
+
+
+def test_flavour_proprietary_refused_on_blackwell_only() -> None:
+    proprietary = DriverSpec(flavour="proprietary")
+    assert flavour_problems(proprietary, ["10de:2bb1", "10de:26b1"]) == (
+        "driver.flavour: the proprietary kernel module does not support Blackwell GPUs (10de:2bb1); use open",
+    )
+    assert flavour_problems(proprietary, ["10de:26b1"]) == ()  # RTX 6000 Ada
+    assert flavour_problems(DriverSpec(), ["10de:2bb1"]) == ()
+
+
+def test_verify_problems() -> None:
+    assert verify_problems(DriverSpec(), None, NvidiaSmi((), "No devices were found"), 8) == (
+        "no NVIDIA kernel module is loaded (/proc/driver/nvidia/version is absent)",
+        "nvidia-smi failed: No devices were found",
+    )
+    assert verify_problems(DriverSpec(), LoadedModule("open", "580.95.05"), NvidiaSmi((), None), None) == ()
+
+
+def test_check_guest_names_each_key() -> None:
+    node = NodeSpec.model_validate({"name": "g", "gpus": {"ids": ["10de:2bb1"], "count": 8}})
+    found = check_guest(
+        node,
+        DriverSpec(flavour="proprietary"),
+        SglangSpec(tp_size=4, extra_args=("--tp", "2"), env={"NCCL_P2P_LEVEL": "SYS"}),
+    )
+    assert found == (
+        "driver.flavour: the proprietary kernel module does not support Blackwell GPUs (10de:2bb1); use open",
+        "sglang.env.NCCL_P2P_LEVEL: refused in the vm profile: it lets NCCL try P2P, "
+        "which passed-through GPUs do not support",
+        "sglang.tp_size, sglang.pp_size: tp_size 4 x pp_size 1 = 4 GPUs, but the node has 8 GPUs",
+        "sglang.extra_args: --tp abbreviates --tp-size: use the full option name",
+    )
+
+
+def test_exit_on_invalid_guests_prints_lines_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    hosts = [("g1", {"node": NODE, "sglang": {"pp_size": 2}})]
+    with pytest.raises(SystemExit) as exit_:
+        exit_on_invalid_guests(hosts)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "g1: sglang.tp_size, sglang.pp_size: tp_size 8 x pp_size 2 = 16 GPUs, but the node has 8 GPUs\n"
+    )
+    good = [("g1", {"node": NODE})]
+    assert exit_on_invalid_guests(good) is good
+
+
+# --- the SGLang unit ----------------------------------------------------------------------------
+
+
+def vm_argv(spec: SglangSpec) -> tuple[str, ...]:
+    return plan_sglang_argv(spec, 8, plan_nccl("vm", None, infiniband=False).argv)
+
+
+def test_exec_start_plain() -> None:
+    spec = SglangSpec(context_length=None, chunked_prefill_size=None, cuda_graph_max_bs=None)
+    assert exec_start(spec, vm_argv(spec)) == (
+        "/opt/sglang/venv/bin/sglang serve --model-path /models/GLM-5-NVFP4 --served-model-name glm-5 "
+        "--tp-size 8 --pp-size 1 --quantization modelopt_fp4 --kv-cache-dtype bf16 "
+        "--mem-fraction-static 0.88 "
+        "--reasoning-parser glm45 --tool-call-parser glm47 --host 127.0.0.1 --port 30000 --enable-metrics "
+        "--enable-p2p-check --disable-custom-all-reduce"
+    )
+
+
+def test_exec_start_with_key_reads_the_credential_in_a_shell() -> None:
+    spec = SglangSpec(
+        host="0.0.0.0", api_key_file="/etc/pvegpu/api-key", served_model_name="glm 5%", enable_metrics=False,
+        context_length=None, chunked_prefill_size=None, cuda_graph_max_bs=None, reasoning_parser=None,
+        tool_call_parser=None, quantization=None,
+    )  # fmt: skip
+    assert exec_start(spec, vm_argv(spec)) == (
+        '/bin/sh -c "exec /opt/sglang/venv/bin/sglang serve --model-path /models/GLM-5-NVFP4 '
+        "--served-model-name 'glm 5%%' --tp-size 8 --pp-size 1 --kv-cache-dtype bf16 "
+        "--mem-fraction-static 0.88 --host 0.0.0.0 --port 30000 --enable-p2p-check "
+        "--disable-custom-all-reduce "
+        '--api-key \\"$$(cat \\"$$CREDENTIALS_DIRECTORY/api-key\\")\\""'
+    )
+
+
+def test_env_file_vm_and_baremetal_say_why() -> None:
+    vm = plan_nccl("vm", None, infiniband=False)
+    text = render("sglang/sglang.env.j2", profile="vm", profile_note="no P2P here", lines=vm.env_file_lines())
+    assert text == (
+        "# Managed by pvegpu (role sglang): the environment of sglang.service. "
+        "Each setting says why it is set.\n"
+        "# Profile vm: no P2P here\n"
+        "# log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it\n"
+        "NCCL_DEBUG=INFO\n"
+        "# no InfiniBand/RoCE adapter: skip NCCL's IB probe, use sockets between nodes\n"
+        "NCCL_IB_DISABLE=1\n"
+        "# sglang --enable-p2p-check: P2P is not supported between passed-through GPUs; without the check "
+        "SGLang assumes it works\n"
+        "# sglang --disable-custom-all-reduce: SGLang's custom all-reduce needs P2P, which the VM lacks; "
+        "NCCL all-reduces over shared memory\n"
+    )
+
+
+def test_unit_file_with_key_loads_it_as_a_credential() -> None:
+    text = render(
+        "sglang/sglang.service.j2",
+        sglang_version="0.5.23",
+        served_model_name="glm-5",
+        model_path="/models/GLM-5-NVFP4",
+        user="sglang",
+        env_file="/etc/pvegpu/sglang.env",
+        api_key_file="/root/key",
+        credential="api-key",
+        exec_start="/bin/sh -c x",
+    )
+    assert text.splitlines()[7:12] == [
+        "User=sglang",
+        "Group=sglang",
+        "EnvironmentFile=/etc/pvegpu/sglang.env",
+        "LoadCredential=api-key:/root/key",
+        "ExecStart=/bin/sh -c x",
+    ]

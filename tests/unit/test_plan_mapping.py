@@ -1,0 +1,186 @@
+"""plan_mappings and diff_mappings on the lab's synthetic boxes (lab.fakesys trees, read with the real fact
+command): names follow the physical order, one map line per node, refusals and disagreements named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lab.fakesys import write_tree
+from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.models.hardware import HostHardware
+from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.pve import PciMapping
+from pvegpu.plan.mapping import (
+    Action,
+    MappingChange,
+    MappingPlanError,
+    diff_mappings,
+    managed_index,
+    mapping_id,
+    plan_mappings,
+)
+from pvegpu.plan.topology import Topology, plan_topology
+
+RTX = GpuSelector(ids=("10de:2bb1",))
+REFERENCE_SLOTS = [
+    ("0000:41:00", 14),
+    ("0000:51:00", 17),
+    ("0000:61:00", 20),
+    ("0000:71:00", 23),
+    ("0000:c1:00", 29),
+    ("0000:d1:00", 32),
+    ("0000:e1:00", 35),
+    ("0000:f1:00", 38),
+]
+RENUMBERED_SLOTS = [
+    ("0000:21:00", 16),
+    ("0000:31:00", 19),
+    ("0000:41:00", 22),
+    ("0000:51:00", 25),
+    ("0000:a1:00", 31),
+    ("0000:b1:00", 34),
+    ("0000:c1:00", 37),
+    ("0000:d1:00", 40),
+]
+
+
+def line(node: str, path: str, group: int) -> str:
+    return f"id=10de:2bb1,node={node},path={path},iommugroup={group},subsystem-id=10de:204b"
+
+
+@pytest.fixture(scope="module")
+def hw(tmp_path_factory: pytest.TempPathFactory) -> dict[str, HostHardware]:
+    root = tmp_path_factory.mktemp("sys")
+    names = ("reference", "reference-renumbered", "shared-with-nic")
+    for name in names:
+        write_tree(root / name, name)
+    return {name: read_hardware_locally(root / name) for name in names}
+
+
+def topo(hardware: HostHardware) -> Topology:
+    return plan_topology(hardware, RTX)
+
+
+def test_create_one_node_one_mapping_per_gpu_in_physical_order(hw: dict[str, HostHardware]) -> None:
+    planned = plan_mappings({"pve1": topo(hw["reference"])})
+    assert planned == tuple(
+        PciMapping(f"gpu{n}", (line("pve1", path, group),)) for n, (path, group) in enumerate(REFERENCE_SLOTS)
+    )
+
+
+def test_bios_renumbered_keeps_each_name_on_its_slot(hw: dict[str, HostHardware]) -> None:
+    """Slot 1's card is gpu0 at 0000:41:00 before and at 0000:21:00 after; 0000:41:00 is then gpu2."""
+    planned = plan_mappings({"pve1": topo(hw["reference-renumbered"])})
+    assert [m.map for m in planned] == [(line("pve1", path, group),) for path, group in RENUMBERED_SLOTS]
+
+
+def test_two_nodes_one_map_line_per_node_sorted_by_node(hw: dict[str, HostHardware]) -> None:
+    planned = plan_mappings({"pve2": topo(hw["reference-renumbered"]), "pve1": topo(hw["reference"])})
+    assert len(planned) == 8
+    assert planned[0] == PciMapping("gpu0", (line("pve1", "0000:41:00", 14), line("pve2", "0000:21:00", 16)))
+    assert planned[7].map == (line("pve1", "0000:f1:00", 38), line("pve2", "0000:d1:00", 40))
+
+
+def test_prefix_is_configurable(hw: dict[str, HostHardware]) -> None:
+    planned = plan_mappings({"pve1": topo(hw["reference"])}, prefix="rtx-")
+    assert [m.id for m in planned] == [f"rtx-{n}" for n in range(8)]
+
+
+def test_error_prefix_that_gives_no_mapping_id() -> None:
+    with pytest.raises(ValueError, match=r"^mapping prefix '9x' gives '9x0', not a Proxmox mapping id$"):
+        mapping_id("9x", 0)
+
+
+def test_error_refused_gpu_is_named_and_nothing_is_mapped(hw: dict[str, HostHardware]) -> None:
+    with pytest.raises(MappingPlanError) as raised:
+        plan_mappings({"pve1": topo(hw["reference"]), "pve2": topo(hw["shared-with-nic"])})
+    assert raised.value.problems == (
+        "pve2: gpu3 0000:73:00 (10de:2bb1) is refused: IOMMU group 21 also holds 0000:74:00.0 "
+        "(Ethernet controller [0200] 15b3:101d); pass the whole group or move the card",
+    )
+
+
+def test_error_count_problem_of_a_node(hw: dict[str, HostHardware]) -> None:
+    with pytest.raises(MappingPlanError) as raised:
+        plan_mappings({"pve1": plan_topology(hw["reference"], GpuSelector(ids=("10de:2bb1",), count=4))})
+    assert str(raised.value) == "pve1: expected 4 GPUs with id 10de:2bb1, found 8"
+
+
+def test_error_nodes_disagree_on_the_number_of_gpus(hw: dict[str, HostHardware]) -> None:
+    reference = hw["reference"]
+    seven = HostHardware(
+        tuple(f for f in reference.functions if not f.address.startswith("0000:f1:00")),
+        reference.iommu_present,
+    )
+    with pytest.raises(MappingPlanError) as raised:
+        plan_mappings({"pve1": topo(reference), "pve2": topo(seven)})
+    assert str(raised.value) == "nodes disagree on the number of GPUs: pve1 has 8, pve2 has 7"
+
+
+def test_error_nodes_disagree_on_a_model(hw: dict[str, HostHardware]) -> None:
+    reference = hw["reference"]
+    other = HostHardware(
+        tuple(
+            dataclasses.replace(f, device="2bb5") if f.address == "0000:d1:00.0" else f
+            for f in reference.functions
+        ),
+        reference.iommu_present,
+    )
+    both = GpuSelector(ids=("10de:2bb1", "10de:2bb5"))
+    with pytest.raises(MappingPlanError) as raised:
+        plan_mappings({"pve1": plan_topology(reference, both), "pve2": plan_topology(other, both)})
+    assert str(raised.value) == "nodes disagree on the model of GPU 5: pve1 has 10de:2bb1, pve2 has 10de:2bb5"
+
+
+def test_error_no_node() -> None:
+    with pytest.raises(MappingPlanError, match=r"^no node to map$"):
+        plan_mappings({})
+
+
+def test_managed_index() -> None:
+    assert [managed_index("gpu", name) for name in ("gpu0", "gpu12", "gpu", "gpu01", "gpu-a", "nic0")] == [
+        0,
+        12,
+        None,
+        None,
+        None,
+        None,
+    ]
+
+
+def test_diff_create_update_unchanged_and_foreign_ids_untouched(hw: dict[str, HostHardware]) -> None:
+    desired = plan_mappings({"pve1": topo(hw["reference-renumbered"])})[:3]
+    # gpu0 as the GUI writes it (path,node,id,subsystem-id,iommugroup): same meaning, other text
+    gui = "path=0000:21:00,node=pve1,id=10de:2bb1,subsystem-id=10de:204b,iommugroup=16"
+    current = [
+        PciMapping("gpu0", (gui,)),
+        PciMapping("gpu1", (line("pve1", "0000:51:00", 17),)),  # before the BIOS change
+        PciMapping("nic0", ("id=8086:1592,node=pve1,path=0000:43:00.0",)),  # not pvegpu's
+        PciMapping("gpu8", (line("pve1", "0000:99:00", 99),)),  # pvegpu's, no longer desired: left alone
+    ]
+    assert diff_mappings(desired, current) == (
+        MappingChange(Action.UNCHANGED, "gpu0", desired[0].map, (gui,)),
+        MappingChange(Action.UPDATE, "gpu1", desired[1].map, (line("pve1", "0000:51:00", 17),)),
+        MappingChange(Action.CREATE, "gpu2", desired[2].map, None),
+    )
+
+
+def test_diff_unparsable_current_entry_is_updated() -> None:
+    desired = [PciMapping("gpu0", (line("pve1", "0000:41:00", 14),))]
+    current = [PciMapping("gpu0", ("['node=pve1,path=0000:41:00']",))]
+    assert [c.action for c in diff_mappings(desired, current)] == [Action.UPDATE]
+
+
+def test_diff_line_order_does_not_matter_but_an_extra_line_does() -> None:
+    a, b = line("pve1", "0000:41:00", 14), line("pve2", "0000:21:00", 16)
+    desired = [PciMapping("gpu0", (a, b))]
+    assert [c.action for c in diff_mappings(desired, [PciMapping("gpu0", (b, a))])] == [Action.UNCHANGED]
+    assert [c.action for c in diff_mappings(desired, [PciMapping("gpu0", (a, b, b))])] == [Action.UPDATE]
+
+
+def test_error_diff_refuses_a_desired_id_outside_the_scheme() -> None:
+    with pytest.raises(ValueError, match=r"^mapping 'nic0' is not of pvegpu's scheme gpu<N>$"):
+        diff_mappings([PciMapping("nic0", ())], [])

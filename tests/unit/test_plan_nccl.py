@@ -1,0 +1,191 @@
+"""NCCL environment and SGLang flags per profile, with their reasons; operator overrides; vm refusals.
+
+The lxc/baremetal cases read the lab's reference box (2-socket EPYC, 8 GPUs, gpu0-3 on NUMA node 0, gpu4-7 on
+node 1, a ConnectX NIC) through the real hardware fact and topology planner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from lab.fakesys import write_tree
+from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.models.hardware import HostHardware, PciFunction
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.nccl import EnvSetting, FlagSetting, has_infiniband, plan_nccl
+from pvegpu.plan.sglang import plan_sglang_argv
+from pvegpu.plan.topology import Topology, plan_vendor_topology
+
+PXB = "NCCL's default (PXB) would fall back to SHM between root complexes"
+DEBUG = "# log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it"
+NO_IB = "# no InfiniBand/RoCE adapter: skip NCCL's IB probe, use sockets between nodes"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[HostHardware, Topology]:
+    sysfs = tmp_path_factory.mktemp("reference")
+    write_tree(sysfs, "reference")
+    hardware = read_hardware_locally(Path(sysfs))
+    return hardware, plan_vendor_topology(hardware, "10de")
+
+
+def on_numa(topology: Topology, *nodes: int | None) -> Topology:
+    return replace(
+        topology, gpus=tuple(replace(gpu, numa_node=n) for gpu, n in zip(topology.gpus, nodes, strict=True))
+    )
+
+
+def test_create_vm_shm_only_flags_and_reasons() -> None:
+    plan = plan_nccl("vm", None, infiniband=False)
+    assert plan.argv == ("--enable-p2p-check", "--disable-custom-all-reduce")
+    assert plan.env_file_lines() == (
+        DEBUG,
+        "NCCL_DEBUG=INFO",
+        NO_IB,
+        "NCCL_IB_DISABLE=1",
+        "# sglang --enable-p2p-check: P2P is not supported between passed-through GPUs; "
+        "without the check SGLang assumes it works",
+        "# sglang --disable-custom-all-reduce: SGLang's custom all-reduce needs P2P, which the VM lacks; "
+        "NCCL all-reduces over shared memory",
+    )
+
+
+def test_vm_env_never_enables_p2p(reference: tuple[HostHardware, Topology]) -> None:
+    plan = plan_nccl("vm", reference[1], infiniband=True)
+    assert [setting.name for setting in plan.env] == ["NCCL_DEBUG"]
+
+
+def test_create_baremetal_two_sockets_sys(reference: tuple[HostHardware, Topology]) -> None:
+    hardware, topology = reference
+    assert [gpu.numa_node for gpu in topology.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert has_infiniband(hardware)  # the reference box's ConnectX (15b3, RoCE)
+    plan = plan_nccl("baremetal", topology, infiniband=has_infiniband(hardware))
+    assert plan.flags == ()
+    assert plan.env_file_lines() == (
+        DEBUG,
+        "NCCL_DEBUG=INFO",
+        f"# GPUs on NUMA nodes 0, 1: allow P2P across the CPU interconnect ({PXB})",
+        "NCCL_P2P_LEVEL=SYS",
+    )
+
+
+@pytest.mark.parametrize(
+    ("nodes", "level", "reason"),
+    [
+        ((0,) * 8, "PHB", f"all GPUs on NUMA node 0: allow P2P through the CPU's host bridges ({PXB})"),
+        ((None,) * 8, "PHB", f"all GPUs on one NUMA node: allow P2P through the CPU's host bridges ({PXB})"),
+        ((1, 1, 1, 1, 1, 1, 1, None), "SYS",
+         f"GPUs on NUMA nodes 1, unknown: allow P2P across the CPU interconnect ({PXB})"),
+    ],
+)  # fmt: skip
+def test_create_lxc_level_from_numa_nodes(
+    reference: tuple[HostHardware, Topology], nodes: tuple[int | None, ...], level: str, reason: str
+) -> None:
+    plan = plan_nccl("lxc", on_numa(reference[1], *nodes), infiniband=False)
+    assert plan.env[-1] == EnvSetting("NCCL_P2P_LEVEL", level, reason)
+    assert [setting.name for setting in plan.env] == ["NCCL_DEBUG", "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL"]
+
+
+def test_update_operator_overrides_are_shown(reference: tuple[HostHardware, Topology]) -> None:
+    plan = plan_nccl(
+        "baremetal",
+        reference[1],
+        infiniband=False,
+        overrides={"NCCL_P2P_LEVEL": "PHB", "NCCL_MIN_NCHANNELS": "8", "NCCL_DEBUG": "WARN"},
+    )
+    assert plan.env_file_lines() == (
+        "# set by the operator (sglang.env), replacing the planned INFO "
+        "(log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it)",
+        "NCCL_DEBUG=WARN",
+        NO_IB,
+        "NCCL_IB_DISABLE=1",
+        "# set by the operator (sglang.env)",
+        "NCCL_MIN_NCHANNELS=8",
+        "# set by the operator (sglang.env), replacing the planned SYS "
+        f"(GPUs on NUMA nodes 0, 1: allow P2P across the CPU interconnect ({PXB}))",
+        "NCCL_P2P_LEVEL=PHB",
+    )
+
+
+def test_vm_allows_overrides_that_keep_p2p_off() -> None:
+    plan = plan_nccl("vm", None, infiniband=False, overrides={"NCCL_P2P_DISABLE": "1", "NCCL_PROTO": "LL"})
+    assert [(s.name, s.value) for s in plan.env] == [
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_IB_DISABLE", "1"),
+        ("NCCL_P2P_DISABLE", "1"),
+        ("NCCL_PROTO", "LL"),
+    ]
+
+
+def test_error_vm_refuses_p2p_forcing_overrides() -> None:
+    overrides = {
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1",
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_IGNORE_DISABLED_P2P": "2",
+        "NCCL_PROTO": "LL",
+    }
+    with pytest.raises(PlanError) as caught:
+        plan_nccl("vm", None, infiniband=False, overrides=overrides)
+    assert str(caught.value).splitlines() == [
+        "sglang.env.NCCL_IGNORE_DISABLED_P2P: refused in the vm profile: it makes NCCL skip or hide its P2P "
+        "check; forced P2P in a VM hangs or corrupts data (NVIDIA/nccl #2335)",
+        "sglang.env.NCCL_P2P_LEVEL: refused in the vm profile: it lets NCCL try P2P, "
+        "which passed-through GPUs do not support",
+        "sglang.env.NCCL_SHM_DISABLE: refused in the vm profile: the VM's GPUs talk through shared memory; "
+        "without it NCCL falls back to sockets",
+        "sglang.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: refused in the vm profile: "
+        "the PCIe-IPC all-reduce needs CUDA P2P, which the VM does not support",
+    ]
+
+
+def test_same_overrides_are_allowed_on_baremetal(reference: tuple[HostHardware, Topology]) -> None:
+    plan = plan_nccl("baremetal", reference[1], infiniband=True, overrides={"NCCL_IGNORE_DISABLED_P2P": "1"})
+    assert ("NCCL_IGNORE_DISABLED_P2P", "1") in [(s.name, s.value) for s in plan.env]
+
+
+@pytest.mark.parametrize("profile", ["lxc", "baremetal"])
+def test_error_p2p_profiles_need_gpus(profile: str) -> None:
+    empty = Topology(gpus=(), order_key="numa node, root bus, bus address", problems=())
+    for topology in (None, empty):
+        with pytest.raises(PlanError) as caught:
+            plan_nccl(profile, topology, infiniband=False)  # type: ignore[arg-type]
+        assert str(caught.value) == f"sglang: the {profile} profile needs the host's GPUs for NCCL_P2P_LEVEL"
+
+
+def function(vendor: str, class_code: int) -> PciFunction:
+    return PciFunction(
+        address="0000:c1:00.0",
+        vendor=vendor,
+        device="1017",
+        subsystem_vendor=vendor,
+        subsystem_device="0001",
+        class_code=class_code,
+        driver=None,
+        iommu_group=None,
+        numa_node=None,
+        root_bus="0000:c0",
+    )
+
+
+@pytest.mark.parametrize(
+    ("vendor", "class_code", "expected"),
+    [("15b3", 0x020700, True), ("8086", 0x020700, True), ("15b3", 0x020000, True), ("8086", 0x020000, False)],
+)
+def test_has_infiniband(vendor: str, class_code: int, expected: bool) -> None:
+    hardware = HostHardware(functions=(function(vendor, class_code),), iommu_present=False)
+    assert has_infiniband(hardware) is expected
+
+
+def test_vm_flags_pass_the_sglang_option_table() -> None:
+    plan = plan_nccl("vm", None, infiniband=False)
+    assert plan.flags[0] == FlagSetting(
+        "--enable-p2p-check",
+        "P2P is not supported between passed-through GPUs; without the check SGLang assumes it works",
+    )
+    argv = plan_sglang_argv(SglangSpec(), 8, plan.argv)
+    assert argv[-3:] == ("--enable-metrics", "--enable-p2p-check", "--disable-custom-all-reduce")

@@ -1,0 +1,142 @@
+"""`sglang serve` argv: exact full-name options per spec, and refusals checked against the 0.5.23 table."""
+
+from __future__ import annotations
+
+import pytest
+
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.sglang import API_KEY_ARG, SGLANG_SERVE, check_argv, check_layout, plan_sglang_argv
+
+TP8 = (
+    "--model-path", "/models/GLM-5-NVFP4", "--served-model-name", "glm-5",
+    "--tp-size", "8", "--pp-size", "1", "--quantization", "modelopt_fp4", "--kv-cache-dtype", "bf16",
+    "--mem-fraction-static", "0.88", "--context-length", "131072", "--chunked-prefill-size", "8192",
+    "--cuda-graph-max-bs-decode", "64", "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
+    "--host", "127.0.0.1", "--port", "30000", "--enable-metrics",
+)  # fmt: skip
+
+
+def plan_error(spec: SglangSpec, gpus: int = 8, flags: tuple[str, ...] = ()) -> list[str]:
+    with pytest.raises(PlanError) as caught:
+        plan_sglang_argv(spec, gpus, flags)
+    return str(caught.value).splitlines()
+
+
+def test_create_tp8_defaults() -> None:
+    assert SGLANG_SERVE == ("sglang", "serve")
+    assert plan_sglang_argv(SglangSpec(), 8) == TP8
+
+
+def test_create_tp4_pp2_with_profile_flags_and_extra_args_last() -> None:
+    spec = SglangSpec(tp_size=4, pp_size=2, extra_args=("--watchdog-timeout", "1200"))
+    argv = plan_sglang_argv(spec, 8, ("--enable-p2p-check", "--disable-custom-all-reduce"))
+    assert argv[4:8] == ("--tp-size", "4", "--pp-size", "2")
+    assert argv[8:] == (
+        *TP8[8:],
+        "--enable-p2p-check", "--disable-custom-all-reduce", "--watchdog-timeout", "1200",
+    )  # fmt: skip
+
+
+def test_create_public_with_api_key_multi_node_and_options_off() -> None:
+    spec = SglangSpec(
+        model_path="/srv/glm",
+        served_model_name="glm",
+        pp_size=2,
+        trust_remote_code=True,
+        quantization=None,
+        context_length=None,
+        chunked_prefill_size=-1,
+        cuda_graph_max_bs=None,
+        reasoning_parser=None,
+        tool_call_parser=None,
+        api_key_file="/etc/pvegpu/sglang.key",
+        host="0.0.0.0",
+        port=8000,
+        enable_metrics=False,
+        nnodes=2,
+        node_rank=1,
+        dist_init_addr="10.0.0.1:5000",
+    )
+    assert plan_sglang_argv(spec, 8) == (
+        "--model-path", "/srv/glm", "--served-model-name", "glm", "--trust-remote-code",
+        "--tp-size", "8", "--pp-size", "2", "--kv-cache-dtype", "bf16", "--mem-fraction-static", "0.88",
+        "--chunked-prefill-size", "-1", "--host", "0.0.0.0", "--port", "8000",
+        "--api-key", "${SGLANG_API_KEY}",
+        "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000",
+    )  # fmt: skip
+    assert API_KEY_ARG == "${SGLANG_API_KEY}"
+
+
+def test_multi_node_layout_counts_every_node() -> None:
+    spec = SglangSpec(tp_size=8, pp_size=2, nnodes=2, dist_init_addr="10.0.0.1:5000")
+    assert check_layout(spec, 8) == ()
+    assert check_layout(spec.model_copy(update={"pp_size": 1}), 8) == (
+        "sglang.tp_size, sglang.pp_size: tp_size 8 x pp_size 1 = 8 GPUs, "
+        "but the node has 2 nodes x 8 GPUs = 16",
+    )
+
+
+def test_error_tp_times_pp_is_not_the_gpu_count() -> None:
+    assert plan_error(SglangSpec(tp_size=4), 8) == [
+        "sglang.tp_size, sglang.pp_size: tp_size 4 x pp_size 1 = 4 GPUs, but the node has 8 GPUs"
+    ]
+    assert plan_error(SglangSpec(tp_size=4, pp_size=2), 4) == [
+        "sglang.tp_size, sglang.pp_size: tp_size 4 x pp_size 2 = 8 GPUs, but the node has 4 GPUs"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (("--enable-ep-moe",), "sglang.extra_args: --enable-ep-moe is not an option of sglang serve 0.5.23"),
+        (("--cuda-graph-max-bs", "64"),
+         "sglang.extra_args: --cuda-graph-max-bs is ambiguous: it abbreviates --cuda-graph-max-bs-decode, "
+         "--cuda-graph-max-bs-prefill; use a full option name"),
+        (("--watchdog", "60"),
+         "sglang.extra_args: --watchdog abbreviates --watchdog-timeout: use the full option name"),
+        (("--disable-cuda-graph",),
+         "sglang.extra_args: --disable-cuda-graph is deprecated in sglang 0.5.23: "
+         "Deprecated. Use --cuda-graph-backend-{decode,prefill}=disabled instead."),
+        (("--fp4-gemm-backend", "b12x"),
+         "sglang.extra_args: --fp4-gemm-backend: 'b12x' is not a choice (choose from auto, flashinfer_cudnn, "
+         "flashinfer_cutedsl, flashinfer_cutlass, flashinfer_trtllm, marlin)"),
+        (("--watchdog-timeout", "soon"),
+         "sglang.extra_args: --watchdog-timeout: 'soon' is not a valid float"),
+        (("--watchdog-timeout",), "sglang.extra_args: --watchdog-timeout expects a value"),
+        (("--tensor-parallel-size", "8"),
+         "sglang.extra_args: --tensor-parallel-size is set by sglang.tp_size"),
+        (("--api-key=x",), "sglang.extra_args: --api-key=x is set by sglang.api_key_file"),
+        (("--disable-custom-all-reduce",),
+         "sglang.extra_args: --disable-custom-all-reduce is already set by the profile's plan"),
+    ],
+)  # fmt: skip
+def test_error_extra_args_refused_naming_the_flag(extra: tuple[str, ...], problem: str) -> None:
+    flags = ("--enable-p2p-check", "--disable-custom-all-reduce")
+    assert plan_error(SglangSpec(extra_args=extra), flags=flags) == [problem]
+
+
+def test_error_bad_profile_flag_is_named() -> None:
+    assert plan_error(SglangSpec(), flags=("--enable-p2p",)) == [
+        "sglang: --enable-p2p abbreviates --enable-p2p-check: use the full option name"
+    ]
+
+
+def test_check_argv_mirrors_the_parser() -> None:
+    assert (
+        check_argv(("--model", "/m", "--ep", "1", "--lora-paths", "a", "b", "--chunked-prefill-size", "-1"))
+        == ()
+    )
+    assert check_argv(("--context-length", "128k", "--kv-cache-dtype=fp8_e4m3", "--model-path", "/m")) == ()
+    assert check_argv(("--tp-size", "8", "stray")) == (
+        "'stray' is not an option (a value with no option before it)",
+        "--model-path is required",
+    )
+    assert check_argv(("--model", "/m", "--model-path", "/n", "--enable-metrics=1", "--port", "x")) == (
+        "--model-path is given twice (also as --model)",
+        "--enable-metrics takes no value (got '1')",
+        "--port: 'x' is not a valid int",
+    )
+    assert check_argv(("--nope", "1", "2"), require=False) == (
+        "--nope is not an option of sglang serve 0.5.23",
+    )

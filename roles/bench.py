@@ -10,28 +10,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
-from pyinfra.operations import files, python, server
+from pyinfra.operations import files, python
 
-from pvegpu.bench_plot import plot_png
+from pvegpu.bench_report import write_reports
 from pvegpu.models.bench import BENCH_KEY, BenchSpec
 from pvegpu.models.inventory import spec_of
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
-from pvegpu.plan.bench import bench_argv, history_line, parse_results, results_table
-from roles.sglang import probe_host
+from pvegpu.operations.bench import serving_benchmark
+from pvegpu.plan.bench import bench_argv
+from pvegpu.plan.sglang_service import probe_host
 
 REMOTE_DIR = "/var/lib/pvegpu/bench"
-
-
-def write_reports(local: Path, host_name: str, run_id: str, history: Path) -> None:
-    """Table, plot and history line from the fetched JSONL (runs on the operator's machine)."""
-    rows = parse_results(local.read_text().splitlines())
-    local.with_suffix(".md").write_text(results_table(host_name, run_id, rows))
-    local.with_suffix(".png").write_bytes(plot_png(rows))
-    with history.open("a") as out:
-        out.write(history_line(host_name, run_id, rows))
 
 
 @deploy("Benchmark SGLang")
@@ -45,15 +36,14 @@ def bench() -> None:
     results = Path(spec.results_dir).resolve()
     local = results / host.name / f"{run_id}.jsonl"
     base_url = f"http://{probe_host(sglang.host)}:{sglang.port}"
-    # The benchmark reads the key from OPENAI_API_KEY; the command holds only the file's path.
-    key = ["OPENAI_API_KEY=$(cat", QuoteString(sglang.api_key_file), ")"] if sglang.api_key_file else []
 
     files.directory(name=f"Create {REMOTE_DIR}", path=REMOTE_DIR)
     for level in spec.concurrency:
         argv = bench_argv(spec, sglang, base_url, level, remote)
-        server.shell(
+        serving_benchmark(
             name=f"Run SGLang's serving benchmark at concurrency {level}",
-            commands=[StringCommand(*key, *map(QuoteString, argv)).get_raw_value()],
+            argv=argv,
+            api_key_file=sglang.api_key_file,
         )
     files.get(
         name="Fetch the results", src=remote, dest=str(local), add_deploy_dir=False, create_local_dir=True

@@ -29,7 +29,7 @@ from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.sglang import plan_sglang_argv
-from pvegpu.plan.sglang_service import CREDENTIAL, ENV_FILE, SERVICE, UNIT_FILE, exec_start
+from pvegpu.plan.sglang_service import CREDENTIAL, ENV_FILE, SERVICE, UNIT_FILE, exec_start, probe_host
 from pvegpu.plan.topology import plan_topology
 
 _P2P_NOTE = (
@@ -43,12 +43,6 @@ PROFILE_NOTES = {
     "lxc": _P2P_NOTE,
     "baremetal": _P2P_NOTE,
 }
-
-
-def probe_host(listen: str) -> str:
-    """Where the readiness probe connects: loopback for a wildcard address, else the address itself."""
-    wildcard = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
-    return wildcard.get(listen, f"[{listen}]" if ":" in listen else listen)
 
 
 @deploy("Serve the model with SGLang")

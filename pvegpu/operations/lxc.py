@@ -21,6 +21,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.models.pve import GuestConfig
+from pvegpu.operations.park import Guest, park
 from pvegpu.plan.lxc import ContainerChange, diff_container, raw_of, version_drift
 from pvegpu.pve import PveClient, PveError
 
@@ -160,41 +161,11 @@ def lxc_parked(
     if config is None:
         host.noop(f"CT {vmid} does not exist on {node}: no container holds the GPUs")
         return
-    running = api.lxc_status(node, vmid) == "running"
-    onboot = str(config.values.get("onboot", "0")) == "1"
-    if running and not allow_stop:
-        message = (
-            f"profile {profile}: CT {vmid} is running on {node} with the GPUs; would stop it and set "
-            "onboot 0 (pve_host.allow_reboot is false: not stopping it)"
-        )
-        logger.warning(f"{host.print_prefix}{message}")
-        host.noop(message)
-        return
-    if not running and not onboot:
-        host.noop(f"CT {vmid} on {node} is stopped and not started at boot (onboot 0)")
-        return
-    if onboot:
-        logger.info(f"{host.print_prefix}CT {vmid}: onboot 1 -> 0 (profile {profile})")
-        yield FunctionCommand(_no_onboot, (api, node, vmid, config.digest), {})
-    if running:
-        logger.info(f"{host.print_prefix}CT {vmid}: stop on {node} (profile {profile})")
-        yield FunctionCommand(_stop, (api, node, vmid, timeout_s), {})
-
-
-def _no_onboot(api: PveClient, node: str, vmid: int, digest: str) -> None:
-    try:
-        api.update_lxc_config(node, vmid, {"onboot": 0}, digest)
-    except PveError as error:
-        raise OperationError(f"CT {vmid} onboot not cleared, nothing overwritten: {error.message}") from None
-
-
-def _stop(api: PveClient, node: str, vmid: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    try:
-        api.wait_task(api.stop_lxc(node, vmid), timeout_s)
-    except PveError as error:
-        raise OperationError(f"CT {vmid} not stopped: {error.message}") from None
-    while api.lxc_status(node, vmid) != "stopped":
-        if time.monotonic() > deadline:
-            raise OperationError(f"CT {vmid}: the stop task ended OK, but it runs after {timeout_s:g} s")
-        time.sleep(_POLL_S)
+    yield from park(
+        api,
+        Guest.container(api, node, vmid),
+        config,
+        profile=profile,
+        allow_stop=allow_stop,
+        timeout_s=timeout_s,
+    )

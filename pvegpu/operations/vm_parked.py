@@ -11,19 +11,15 @@ without that, nothing is stopped and the operation says what it would do.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Generator, Mapping
 
-from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from pvegpu.operations.park import Guest, park
 from pvegpu.operations.vm import vm_config_or_none
-from pvegpu.pve import PveClient, PveError
-
-_POLL_S = 1.0
+from pvegpu.pve import PveClient
 
 
 def maps_gpus(values: Mapping[str, object], prefix: str) -> bool:
@@ -58,41 +54,6 @@ def vm_parked(
     if not maps_gpus(config.values, prefix):
         host.noop(f"VM {vmid} on {node} maps none of pvegpu's {prefix}N mappings: not pvegpu's, left alone")
         return
-    running = api.vm_status(node, vmid).status == "running"
-    onboot = str(config.values.get("onboot", "0")) == "1"
-    if running and not allow_stop:
-        message = (
-            f"profile {profile}: VM {vmid} is running on {node} with the GPUs; would stop it and set "
-            "onboot 0 (pve_host.allow_reboot is false: not stopping it)"
-        )
-        logger.warning(f"{host.print_prefix}{message}")
-        host.noop(message)
-        return
-    if not running and not onboot:
-        host.noop(f"VM {vmid} on {node} is stopped and not started at boot (onboot 0)")
-        return
-    if onboot:
-        logger.info(f"{host.print_prefix}VM {vmid}: onboot 1 -> 0 (profile {profile})")
-        yield FunctionCommand(_no_onboot, (api, node, vmid, config.digest), {})
-    if running:
-        logger.info(f"{host.print_prefix}VM {vmid}: stop on {node} (profile {profile})")
-        yield FunctionCommand(_stop, (api, node, vmid, timeout_s), {})
-
-
-def _no_onboot(api: PveClient, node: str, vmid: int, digest: str) -> None:
-    try:
-        api.update_vm_config(node, vmid, {"onboot": 0}, digest)
-    except PveError as error:
-        raise OperationError(f"VM {vmid} onboot not cleared, nothing overwritten: {error.message}") from None
-
-
-def _stop(api: PveClient, node: str, vmid: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    try:
-        api.wait_task(api.stop_vm(node, vmid), timeout_s)
-    except PveError as error:
-        raise OperationError(f"VM {vmid} not stopped: {error.message}") from None
-    while api.vm_status(node, vmid).status != "stopped":
-        if time.monotonic() > deadline:
-            raise OperationError(f"VM {vmid}: the stop task ended OK, but it runs after {timeout_s:g} s")
-        time.sleep(_POLL_S)
+    yield from park(
+        api, Guest.vm(api, node, vmid), config, profile=profile, allow_stop=allow_stop, timeout_s=timeout_s
+    )

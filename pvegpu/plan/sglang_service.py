@@ -40,3 +40,9 @@ def exec_start(spec: SglangSpec, argv: Sequence[str]) -> str:
     del words[at - 1 : at + 1]  # `--api-key ${SGLANG_API_KEY}`: the wrapper passes the credential instead
     script = " ".join(["exec", *map(shlex.quote, [*command, *words]), "--api-key", _READ_KEY])
     return f"/bin/sh -c {systemd_word(script)}"
+
+
+def probe_host(listen: str) -> str:
+    """Where the readiness probe connects: loopback for a wildcard address, else the address itself."""
+    wildcard = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
+    return wildcard.get(listen, f"[{listen}]" if ":" in listen else listen)

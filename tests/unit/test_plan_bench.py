@@ -8,11 +8,12 @@ import json
 import pytest
 from matplotlib.image import imread
 
-from pvegpu.bench_plot import DPI, HEIGHT_IN, WIDTH_IN, plot_png
+from pvegpu.bench_report import DPI, HEIGHT_IN, WIDTH_IN, plot_png
 from pvegpu.models.bench import BenchSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import validate_inventory
 from pvegpu.models.sglang import SglangSpec
+from pvegpu.operations.bench import serving_benchmark
 from pvegpu.plan.bench import (
     BenchRow,
     bench_argv,
@@ -21,6 +22,7 @@ from pvegpu.plan.bench import (
     results_table,
 )
 from pvegpu.plan.errors import PlanError
+from tests.unit.op_harness import run_op
 
 # Synthesized in the JSONL shape of sglang.benchmark.serving (knowledge file section 1.4); extra keys ignored.
 LINE = json.dumps(
@@ -89,3 +91,20 @@ def test_error_concurrency_not_increasing() -> None:
     assert error.value.problems == (
         "h: bench.concurrency: must be increasing whole numbers of at least 1 (got [8, 1])",
     )
+
+
+def test_serving_benchmark_command_reads_the_api_key_from_its_file_on_the_host() -> None:
+    argv = (
+        "/opt/sglang/venv/bin/python",
+        "-m",
+        "sglang.benchmark.serving",
+        "--base-url",
+        "http://127.0.0.1:30000",
+    )
+    commands, noops = run_op(serving_benchmark, {}, argv=argv, api_key_file="/etc/pvegpu/sglang api-key")
+    assert commands == [
+        "OPENAI_API_KEY=$(cat '/etc/pvegpu/sglang api-key' ) /opt/sglang/venv/bin/python -m "
+        "sglang.benchmark.serving --base-url http://127.0.0.1:30000"
+    ]
+    assert noops == []
+    assert run_op(serving_benchmark, {}, argv=argv)[0] == [" ".join(argv)]

@@ -1,4 +1,5 @@
-"""The benchmark plot: output throughput and latency against concurrency, as PNG bytes (matplotlib, Agg).
+"""The benchmark's reports on the operator's machine: a table, a PNG plot (throughput and latency against
+concurrency, matplotlib's Agg backend) and a history line per run.
 
 Kept apart from `pvegpu.plan.bench` so that only the bench deploy pays matplotlib's import.
 """
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pvegpu.plan.bench import BenchRow
+from pvegpu.plan.bench import BenchRow, history_line, parse_results, results_table
 from pvegpu.plan.errors import PlanError
 
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 4.0, 100
@@ -43,3 +45,12 @@ def plot_png(rows: Sequence[BenchRow], title: str = "SGLang serving benchmark") 
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()
+
+
+def write_reports(local: Path, host_name: str, run_id: str, history: Path) -> None:
+    """Write `<run>.md` (table) and `<run>.png` (plot) beside the JSONL `local`; add a line to `history`."""
+    rows = parse_results(local.read_text().splitlines())
+    local.with_suffix(".md").write_text(results_table(host_name, run_id, rows))
+    local.with_suffix(".png").write_bytes(plot_png(rows))
+    with history.open("a") as out:
+        out.write(history_line(host_name, run_id, rows))

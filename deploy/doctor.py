@@ -6,11 +6,10 @@ transports the running SGLang service uses, checked against the profile's P2P ex
 
 from pyinfra.context import host
 
-from roles.doctor import gpu_topology, host_report
+from roles.doctor import node_report
 from roles.sglang import nccl_transports
 
 if "vm_guests" in host.groups:
     nccl_transports()
 else:
-    gpu_topology()
-    host_report()
+    node_report()

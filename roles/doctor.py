@@ -10,11 +10,12 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.host_checks import HostChecks
+from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import NODE_KEY, NodeSpec
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
-from pvegpu.plan.topology import plan_topology
+from pvegpu.plan.topology import Topology, plan_topology
 from pvegpu.report import render_table
 
 # Where the JSON reports go on the operator's machine (one file per host); relative to the working directory.
@@ -22,28 +23,30 @@ REPORT_DIR_ENV = "PVEGPU_DOCTOR_DIR"
 REPORT_DIR = "pvegpu-doctor"
 
 
-@deploy("Report the GPU topology")
-def gpu_topology() -> None:
-    """Print the node's GPUs (cards, IOMMU groups, root buses, NUMA nodes, links, verdicts).
+@deploy("Report the node")
+def node_report() -> None:
+    """The GPU topology and the host checks, from two remote commands (`PciHardware`, `HostChecks`).
 
-    All hardware facts come from one remote command (`PciHardware`).
+    pyinfra 3 does not cache facts, so the hardware fact is read once here and given to both reports.
     """
     spec = NodeSpec.model_validate(host.data.get(NODE_KEY))
-    hardware = host.get_fact(PciHardware, sysfs_root=spec.sysfs_root)
+    hardware = hardware_of(host, spec.sysfs_root)
     topology = plan_topology(hardware, spec.gpus)
+    _gpu_topology(spec, topology)
+    _host_checks(spec, hardware, topology)
+
+
+def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:
+    """Print the node's GPUs (cards, IOMMU groups, root buses, NUMA nodes, links, verdicts)."""
     report = render_table(topology)
     log = logger.info if topology.ok else logger.warning
     log(f"{host.print_prefix}GPU topology of node {spec.name} (profile {spec.profile}):\n{report}")
 
 
-@deploy("Report the host checks")
-def host_report() -> None:
+def _host_checks(spec: NodeSpec, hardware: HostHardware, topology: Topology) -> None:
     """Print IOMMU / interrupt remapping, ACS above each GPU, BARs, Resizable BAR, C-states, NUMA nodes and
     the BIOS knobs Linux cannot see; write the same as JSON to `$PVEGPU_DOCTOR_DIR/<host>.json` (default
-    ./pvegpu-doctor/) on this machine. Two remote commands (`PciHardware`, `HostChecks`)."""
-    spec = NodeSpec.model_validate(host.data.get(NODE_KEY))
-    hardware = host.get_fact(PciHardware, sysfs_root=spec.sysfs_root)
-    topology = plan_topology(hardware, spec.gpus)
+    ./pvegpu-doctor/) on this machine."""
     addresses = sorted(
         {
             a

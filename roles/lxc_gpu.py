@@ -18,7 +18,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
 from pvegpu.facts.boot import PveVersion
-from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, NvidiaDeviceNodes
 from pvegpu.facts.nvidia import NvidiaModule
 from pvegpu.facts.pve import api_spec, pve_client
@@ -51,7 +51,7 @@ def lxc_gpu() -> None:
     if release is None:
         raise OperationError(f"{host.name}: profile lxc needs Proxmox VE (no pveversion on this host)")
     major, minor = (int(part) for part in release.manager_version.split(".")[:2])
-    gpus = plan_topology(host.get_fact(PciHardware, sysfs_root=node.sysfs_root), node.gpus).gpus
+    gpus = plan_topology(hardware_of(host, node.sysfs_root), node.gpus).gpus
     nodes = host.get_fact(NvidiaDeviceNodes)
     try:
         devices = plan_lxc_devices(len(gpus), (major, minor), nodes.caps, nodes.majors, spec.video_gid)

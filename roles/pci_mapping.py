@@ -14,7 +14,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host, inventory
 
-from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.pve import api_spec, pve_client
 from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
 from pvegpu.models.vm import VM_KEY, VmSpec
@@ -46,7 +46,7 @@ def cluster_hosts(target: Any) -> list[Any]:
 def topology_of(target: Any) -> Topology:
     """The planned GPU topology of a host from its hardware fact."""
     node = node_of(target)
-    return plan_topology(target.get_fact(PciHardware, sysfs_root=node.sysfs_root), node.gpus)
+    return plan_topology(hardware_of(target, node.sysfs_root), node.gpus)
 
 
 @deploy("Sync the PCI mappings")

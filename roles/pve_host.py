@@ -15,7 +15,7 @@ from pyinfra.context import host
 
 from pvegpu.facts.boot import BootLoader
 from pvegpu.facts.cpu import CpuVendor, KernelRelease
-from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.pvegpu_boot import PvegpuBootFiles
 from pvegpu.models.boot import BootLoaderKind
 from pvegpu.models.host import HOST_KEY, HostSpec
@@ -36,7 +36,7 @@ def pve_host() -> None:
     data = {key: host.data.get(key) for key in (NODE_KEY, HOST_KEY) if host.data.get(key) is not None}
     node = spec_of(data, NODE_KEY, NodeSpec)
     spec = spec_of(data, HOST_KEY, HostSpec)
-    hardware = host.get_fact(PciHardware, sysfs_root=node.sysfs_root)
+    hardware = hardware_of(host, node.sysfs_root)
     try:
         profile = host_profile(node.profile, host.get_fact(CpuVendor), spec.extra_cmdline)
         functions = profile_functions(node.profile, hardware, node.gpus)

@@ -14,7 +14,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.pve import api_spec, pve_client
 from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.inventory import spec_of
@@ -34,7 +34,7 @@ def q35_vm_role() -> None:
     node = node_of(host)
     spec = spec_of({VM_KEY: host.data.get(VM_KEY)}, VM_KEY, VmSpec)
     pve = api_spec(host.data)
-    hardware = host.get_fact(PciHardware, sysfs_root=node.sysfs_root)
+    hardware = hardware_of(host, node.sysfs_root)
     topology = plan_topology(hardware, node.gpus)
     if not topology.ok:
         problems = [*topology.problems, *(f"{g.name}: {g.reason}" for g in topology.gpus if g.reason)]
@@ -66,9 +66,7 @@ def q35_vm_role() -> None:
         unbound=unbound_functions(hardware, topology),
         timeout_s=pve.task_timeout_s,
         # deploy/site.py may reboot the host into vfio binding earlier in the same run: read it again then.
-        recheck=lambda target: unbound_functions(
-            target.get_fact(PciHardware, sysfs_root=node.sysfs_root), topology
-        ),
+        recheck=lambda target: unbound_functions(hardware_of(target, node.sysfs_root), topology),
     )
 
 
@@ -103,5 +101,5 @@ def guest_check() -> None:
     node = node_of(host)
     if node.gpus.count is None:
         raise OperationError(f"{host.name}: node.gpus.count is not set: nothing to verify against")
-    hardware = host.get_fact(PciHardware, sysfs_root=node.sysfs_root)
+    hardware = hardware_of(host, node.sysfs_root)
     guest_gpus(name="Check the guest sees its GPUs", hardware=hardware, expected=node.gpus.count)

@@ -18,7 +18,7 @@ from pyinfra.context import host
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.nccl import check_transports, summarize
 from pvegpu.facts.sglang import SglangNcclChannels
 from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
@@ -51,7 +51,7 @@ def sglang() -> None:
     data = {key: host.data.get(key) for key in (NODE_KEY, SGLANG_KEY) if host.data.get(key) is not None}
     node = spec_of(data, NODE_KEY, NodeSpec)
     spec = spec_of(data, SGLANG_KEY, SglangSpec)
-    hardware = host.get_fact(PciHardware, sysfs_root=node.sysfs_root)
+    hardware = hardware_of(host, node.sysfs_root)
     topology = plan_topology(hardware, node.gpus)
     try:
         nccl = plan_nccl(node.profile, topology, infiniband=has_infiniband(hardware), overrides=spec.env)

@@ -108,6 +108,21 @@ class Settings:
         return self.root / rel.lstrip("/")
 
 
+# The usage counters of a guest's status/current: the stand-in runs nothing, so they stay 0.
+_IDLE_COUNTERS: dict[str, object] = {
+    "mem": 0,
+    "maxdisk": 0,
+    "disk": 0,
+    "uptime": 0,
+    "cpu": 0,
+    "netin": 0,
+    "netout": 0,
+    "diskread": 0,
+    "diskwrite": 0,
+    "ha": {"managed": 0},
+}
+
+
 def load_settings() -> Settings:
     data = json.loads(Path(os.environ.get(CONFIG_ENV, DEFAULT_CONFIG)).read_text())
     hv = data.get("hypervisor_dir")
@@ -1207,16 +1222,7 @@ def get_qemu_status(call: Call) -> Json:
         "name": values.get("name", f"VM {call.path_params['vmid']}"),
         "cpus": cores * sockets,
         "maxmem": int(memory.group(1) if memory else 512) * 1024 * 1024,
-        "mem": 0,
-        "maxdisk": 0,
-        "disk": 0,
-        "uptime": 0,
-        "cpu": 0,
-        "netin": 0,
-        "netout": 0,
-        "diskread": 0,
-        "diskwrite": 0,
-        "ha": {"managed": 0},
+        **_IDLE_COUNTERS,
     }
     for key in ("lock", "tags"):
         if key in values:
@@ -1472,17 +1478,8 @@ def get_lxc_status(call: Call) -> Json:
         "cpus": int(conf.main.get("cores", "1")),
         "maxmem": int(conf.main.get("memory", "512")) * 1024 * 1024,
         "maxswap": int(conf.main.get("swap", "512")) * 1024 * 1024,
-        "mem": 0,
         "swap": 0,
-        "maxdisk": 0,
-        "disk": 0,
-        "uptime": 0,
-        "cpu": 0,
-        "netin": 0,
-        "netout": 0,
-        "diskread": 0,
-        "diskwrite": 0,
-        "ha": {"managed": 0},
+        **_IDLE_COUNTERS,
     }
 
 

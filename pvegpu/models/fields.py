@@ -29,5 +29,16 @@ def shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    """A validator that accepts a string only when `pattern` matches all of it: `<value> is not <what>`."""
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{shown(value)} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
 PciId = Annotated[str, AfterValidator(normalize_pci_id)]
 AbsolutePath = Annotated[str, AfterValidator(check_absolute)]

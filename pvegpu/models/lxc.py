@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from pvegpu.models.fields import shown
+from pvegpu.models.fields import matching
 
 LXC_KEY = "lxc"
 
@@ -23,28 +23,19 @@ _STORAGE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 _BRIDGE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,14}")
 
 
-def _matches(pattern: re.Pattern[str], what: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value):
-            raise ValueError(f"{shown(value)} is not {what}")
-        return value
-
-    return AfterValidator(check)
-
-
 class LxcSpec(BaseModel):
     """The LXC container the `lxc` profile serves from: host data key `lxc`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     vmid: StrictInt = Field(ge=100, le=999_999_999, description="Proxmox container id (100-999999999).")
-    hostname: Annotated[str, _matches(_HOSTNAME, "a host name (letters, digits, hyphens)")] = Field(
+    hostname: Annotated[str, matching(_HOSTNAME, "a host name (letters, digits, hyphens)")] = Field(
         default="llm-ct", description="Container host name."
     )
-    ostemplate: Annotated[str, _matches(_VOLUME, "a template volume like local:vztmpl/<file>")] = Field(
+    ostemplate: Annotated[str, matching(_VOLUME, "a template volume like local:vztmpl/<file>")] = Field(
         description="OS template volume the container is created from (only on create)."
     )
-    storage: Annotated[str, _matches(_STORAGE, "a Proxmox storage id")] = Field(
+    storage: Annotated[str, matching(_STORAGE, "a Proxmox storage id")] = Field(
         default="local-lvm", description="Storage for the root file system (only on create)."
     )
     rootfs_gib: StrictInt = Field(
@@ -53,7 +44,7 @@ class LxcSpec(BaseModel):
     cores: StrictInt = Field(default=16, ge=1, le=8192, description="CPU cores.")
     memory: StrictInt = Field(default=65536, ge=16, description="RAM in MiB.")
     swap: StrictInt = Field(default=0, ge=0, description="Swap in MiB.")
-    bridge: Annotated[str, _matches(_BRIDGE, "a Linux bridge name (e.g. vmbr0)")] = Field(
+    bridge: Annotated[str, matching(_BRIDGE, "a Linux bridge name (e.g. vmbr0)")] = Field(
         default="vmbr0", description="Host bridge of `net0` (DHCP; only on create)."
     )
     unprivileged: StrictBool = Field(

@@ -14,24 +14,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from pvegpu.models.fields import AbsolutePath, shown
+from pvegpu.models.fields import AbsolutePath, matching
 
 PVE_KEY = "pve"
 ROOT_USER = "root@pam"
 _TOKEN_ID = re.compile(r"[^\s@!]+@[^\s@!]+![A-Za-z][A-Za-z0-9._-]*")
 _FINGERPRINT = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){31}")
 _CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-def _matching(pattern: re.Pattern[str], what: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value):
-            raise ValueError(f"{shown(value)} is not {what}")
-        return value
-
-    return AfterValidator(check)
 
 
 class PveApiSpec(BaseModel):
@@ -61,7 +52,7 @@ class PveApiSpec(BaseModel):
         description="known_hosts file holding the node's SSH key; None: the host's `ssh_known_hosts_file`.",
     )
     sudo: bool = Field(default=False, description="Run pvesh through sudo (`ssh`/`local`, non-root user).")
-    token_id: Annotated[str, _matching(_TOKEN_ID, "an API token id (user@realm!name)")] | None = Field(
+    token_id: Annotated[str, matching(_TOKEN_ID, "an API token id (user@realm!name)")] | None = Field(
         default=None, description="API token id `user@realm!name` (`https`)."
     )
     token_file: AbsolutePath | None = Field(
@@ -70,10 +61,10 @@ class PveApiSpec(BaseModel):
     ca_file: AbsolutePath | None = Field(
         default=None, description="CA bundle the node's certificate is verified against (`https`)."
     )
-    fingerprint: Annotated[str, _matching(_FINGERPRINT, "a SHA-256 fingerprint (AA:BB:...)")] | None = Field(
+    fingerprint: Annotated[str, matching(_FINGERPRINT, "a SHA-256 fingerprint (AA:BB:...)")] | None = Field(
         default=None, description="Pin the node's certificate by SHA-256 fingerprint instead (`https`)."
     )
-    cluster: Annotated[str, _matching(_CLUSTER, "a cluster name (letters, digits, - and _)")] | None = Field(
+    cluster: Annotated[str, matching(_CLUSTER, "a cluster name (letters, digits, - and _)")] | None = Field(
         default=None,
         description=(
             "Cluster name: hosts with the same name share one set of PCI mappings (one `map` line per "

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
-from pvegpu.models.fields import shown
+from pvegpu.models.fields import matching
 
 VM_KEY = "vm"
 
@@ -30,21 +30,12 @@ _BRIDGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,14}")
 _MAPPING_PREFIX = re.compile(r"[a-z][a-z0-9_-]*", re.IGNORECASE)
 
 
-def _check(pattern: re.Pattern[str], what: str) -> AfterValidator:
-    def check(value: str) -> str:
-        if not pattern.fullmatch(value):
-            raise ValueError(f"{shown(value)} is not {what}")
-        return value
-
-    return AfterValidator(check)
-
-
 class DiskSpec(BaseModel):
     """The VM's system disk (`scsi0`), allocated on create."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    storage: Annotated[str, _check(_STORAGE_ID, "a Proxmox storage id (e.g. local-lvm)")] = Field(
+    storage: Annotated[str, matching(_STORAGE_ID, "a Proxmox storage id (e.g. local-lvm)")] = Field(
         default="local-lvm",
         description=(
             "Proxmox storage for the system disk and the EFI vars disk (`pve-storage-id`, e.g. `local-lvm`)."
@@ -61,7 +52,7 @@ class NetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     model: Literal["virtio", "e1000", "vmxnet3"] = Field(default="virtio", description="NIC model of `net0`.")
-    bridge: Annotated[str, _check(_BRIDGE, "a Linux bridge name (e.g. vmbr0)")] = Field(
+    bridge: Annotated[str, matching(_BRIDGE, "a Linux bridge name (e.g. vmbr0)")] = Field(
         default="vmbr0", description="Host bridge `net0` is attached to (e.g. `vmbr0`)."
     )
 
@@ -76,10 +67,10 @@ class VmSpec(BaseModel):
         le=999_999_999,
         description="Proxmox VM id (100-999999999). pvegpu never recreates a VM with disks.",
     )
-    name: Annotated[str, _check(_DNS_NAME, "a DNS name (letters, digits, hyphens, dots)")] = Field(
+    name: Annotated[str, matching(_DNS_NAME, "a DNS name (letters, digits, hyphens, dots)")] = Field(
         default="llm", description="VM name (Proxmox `dns-name` format: letters, digits, hyphens, dots)."
     )
-    machine: Annotated[str, _check(_MACHINE, "q35 or a pinned pc-q35-X.Y[+pveN] machine")] = Field(
+    machine: Annotated[str, matching(_MACHINE, "q35 or a pinned pc-q35-X.Y[+pveN] machine")] = Field(
         default="q35",
         description=(
             "Machine type: `q35` (latest) or a pinned version such as `pc-q35-9.2+pve1`; "
@@ -101,7 +92,7 @@ class VmSpec(BaseModel):
     net: NetSpec = Field(default_factory=NetSpec, description="Network device.")
     onboot: StrictBool = Field(default=True, description="Start the VM when the node boots (`onboot`).")
     mapping_prefix: Annotated[
-        str, _check(_MAPPING_PREFIX, "a mapping id prefix (a letter, then a-z 0-9 _ -)")
+        str, matching(_MAPPING_PREFIX, "a mapping id prefix (a letter, then a-z 0-9 _ -)")
     ] = Field(
         default="gpu",
         description=(

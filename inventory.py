@@ -33,7 +33,8 @@ pve_nodes = exit_on_invalid(
                 },
                 # `args` (the OVMF MMIO window) needs root@pam: with a token, use CPU phys-bits instead.
                 "vm": {"vmid": 100, "name": "llm", "cores": 64, "memory": 786432, "mmio": "phys-bits"},
-                # Declared here so that switching back from the `lxc` profile stops it.
+                # Declared here so that switching back from the `lxc` profile stops it; add
+                # "ssh_public_keys": ["ssh-ed25519 AAAA... you@desk"] so pyinfra can reach it (lxc_guests).
                 "lxc": {"vmid": 200, "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"},
             },
         ),

@@ -1,6 +1,8 @@
 """pyinfra inventory of the lab: every host `python -m lab up` started, as a Proxmox node (group `pve_nodes`),
-and every VM guest host (a Q35 guest topology, e.g. `python -m lab.guest_payload NAME`) in group `vm_guests`
-with `driver` and `sglang` data pointing at the guest's local stand-in sources (lab/guest_payload.py).
+every VM guest host (a Q35 guest topology, e.g. `python -m lab.guest_payload NAME`) in group `vm_guests`,
+and every container host a Proxmox lab node started for a CT (lab.pve.container) in group `lxc_guests`;
+guests of both kinds get `driver` and `sglang` data pointing at their local stand-in sources
+(lab/guest_payload.py), a container's `node.profile` is `lxc`.
 
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
@@ -22,7 +24,7 @@ from pvegpu.guest_inventory import exit_on_invalid_guests
 from pvegpu.models.inventory import exit_on_invalid
 
 
-def _node(host: LabHost) -> dict[str, Any]:
+def _node(host: LabHost, profile: str = "vm") -> dict[str, Any]:
     manifest = host.manifest()
     devices = manifest["devices"]
     # A card's display function (class 0x03xxxx) carries the GPU model id; its audio function does not.
@@ -30,7 +32,7 @@ def _node(host: LabHost) -> dict[str, Any]:
     ids = {f"{f['vendor']}:{f['device']}" for f in functions if f["class"].startswith("0x03")}
     return {
         "name": host.name,
-        "profile": "vm",
+        "profile": profile,
         "gpus": {"ids": sorted(ids), "count": len(manifest["gpus"])},
         "sysfs_root": host.sysfs_root,
         "cmdline_path": host.cmdline_path,
@@ -63,6 +65,10 @@ def _is_guest(host: LabHost) -> bool:
     return host.topology.startswith("q35-")  # lab.pve.guest.q35_guest names its topologies so
 
 
+def _is_container(host: LabHost) -> bool:
+    return pve_node.role_of(host) == "container"
+
+
 # Guests get their driver and SGLang from the stand-in apt repository and wheel copied into them.
 GUEST_DATA: dict[str, Any] = {
     "driver": {"repository": guest_payload.REPOSITORY_URL, "version_file": guest_payload.VERSION_FILE},
@@ -84,8 +90,19 @@ def _pve(host: LabHost) -> dict[str, Any]:
 
 
 pve_nodes = exit_on_invalid(
-    [(host.name, {"node": _node(host), **_pve(host), **_ssh(host)}) for host in _hosts if not _is_guest(host)]
+    [
+        (host.name, {"node": _node(host), **_pve(host), **_ssh(host)})
+        for host in _hosts
+        if not _is_guest(host) and not _is_container(host)
+    ]
 )
 vm_guests = exit_on_invalid_guests(
     [(host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)}) for host in _hosts if _is_guest(host)]
+)
+lxc_guests = exit_on_invalid_guests(
+    [
+        (host.name, {"node": _node(host, "lxc"), **GUEST_DATA, **_ssh(host)})
+        for host in _hosts
+        if _is_container(host)
+    ]
 )

@@ -1,21 +1,34 @@
-"""A lab VM guest's software sources: a signed local apt repository of STAND-IN NVIDIA packages and a
-STAND-IN `sglang` wheel, built on the lab machine, cached, and copied into each guest's root.
+"""The software sources of a lab host that runs the NVIDIA driver (a VM guest, a Proxmox lab node, an LXC
+container host): a signed local apt repository of STAND-IN NVIDIA packages and a STAND-IN `sglang` wheel,
+built on the lab machine, cached, and copied into the host's root.
 
-What the guest role meets in the lab is what it meets on a real guest, minus the payload:
+What the roles meet in the lab is what they meet on a real host, minus the payload:
 
-- `<guest>/srv/pvegpu-lab/apt/`: a flat apt repository (`deb [signed-by=...] file:/srv/pvegpu-lab/apt/ /`,
+- `<host>/srv/pvegpu-lab/apt/`: a flat apt repository (`deb [signed-by=...] file:/srv/pvegpu-lab/apt/ /`,
   the layout of NVIDIA's CUDA repositories), signed with a key made for the lab (InRelease, Release.gpg), so
-  apt verifies it like NVIDIA's: no `[trusted=yes]`. It holds, for driver versions `DRIVER_VERSIONS`:
-  `nvidia-open` (depends on the three below, same version), `nvidia-kernel-open-dkms` (its postinst "loads"
-  the module: writes the version file the real module shows at /proc/driver/nvidia/version),
-  `nvidia-driver-cuda` (the stand-in nvidia-smi, lab/standins/nvidia_smi.py), `nvidia-persistenced` (a real
-  systemd unit running a stand-in daemon), plus `dkms`, `linux-headers-<this kernel>` and
-  `cuda_keyring_1.1-1_all.deb` (the lab key at NVIDIA's keyring path). Every package says STAND-IN.
-- `<guest>/srv/pvegpu-lab/wheels/`: `sglang-<pinned>+pvegpulab-py3-none-any.whl`, the stand-in launcher
+  apt verifies it like NVIDIA's: no `[trusted=yes]`. It holds, for each driver version V in
+  `DRIVER_VERSIONS` (package version V-1):
+  - `nvidia-open`: depends on the next three, same version;
+  - `nvidia-kernel-open-dkms` (depends on dkms): the module. Its postinst "loads" it like `modprobe nvidia`
+    and its prerm (remove) "unloads" it (lab/standins/nvidia_module.py, shipped as
+    /usr/lib/pvegpu-lab/nvidia-module): load binds every driverless NVIDIA display function of the fake
+    sysfs to `nvidia` and writes the version file the real module shows at /proc/driver/nvidia/version;
+    unload releases them and removes it;
+  - `nvidia-driver-cuda`: userspace only, the stand-in nvidia-smi (lab/standins/nvidia_smi.py) and an
+    empty `libnvidia-ml.so.<version>` (the userspace version, as NVIDIA's library file names carry it); no
+    dependency, so `--no-install-recommends` installs it alone (what a container gets);
+  - `nvidia-persistenced`: a real systemd unit running a stand-in daemon;
+  - `nvidia-modprobe`: the stand-in /usr/bin/nvidia-modprobe (lab/standins/nvidia_modprobe.py), which
+    creates the /dev/nvidia* nodes.
+  Plus `dkms`, `linux-headers-<this kernel>`, `proxmox-headers-<this kernel>`, `proxmox-default-headers`
+  (depends on the latter; headers are empty, nothing is built) and `cuda_keyring_1.1-1_all.deb` (the lab
+  key at NVIDIA's keyring path). Every package says STAND-IN.
+- `<host>/srv/pvegpu-lab/wheels/`: `sglang-<pinned>+pvegpulab-py3-none-any.whl`, the stand-in launcher
   (lab/standins/sglang_serve.py) with the pinned option table, and the stand-in serving benchmark
   (lab/standins/sglang_bench.py) as `sglang.benchmark.serving`; `pip install --no-index --find-links` takes
   it for `sglang==<pinned>` (a local version label matches the public pin).
-- `<guest>/etc/pvegpu-lab/nvidia.env`: where the stand-ins find the guest's fake sysfs and version file.
+- `<host>/etc/pvegpu-lab/nvidia.env`: where the stand-ins find the host's fake sysfs (`SYSFS_ROOT`, the
+  host's `sysfs_root`) and the module version file (`VERSION_FILE`, `VERSION_FILE` below).
 
 `up_guest(name)` starts an nspawn lab host shaped like a Proxmox Q35 guest of the reference node with its
 8 GPUs passed through (lab.pve.guest), no driver bound, and installs the above.
@@ -50,21 +63,28 @@ DRIVER_VERSIONS = ("580.95.05", "590.48.01")
 KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
 KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 
-# Inside the guest.
+# Inside the host.
 APT_DIR = "/srv/pvegpu-lab/apt"
 WHEEL_DIR = "/srv/pvegpu-lab/wheels"
 REPOSITORY_URL = f"file:{APT_DIR}/"
 SETTINGS = "/etc/pvegpu-lab/nvidia.env"
-VERSION_FILE = "/opt/fakeproc/driver/nvidia/version"  # plays /proc/driver/nvidia/version (nspawn's is real)
+VERSION_FILE = "/opt/fakeproc/driver/nvidia/version"
+NVML_DIR = "/usr/lib/x86_64-linux-gnu"  # plays /proc/driver/nvidia/version (nspawn's is real)
 
+MODULE_TOOL = "/usr/lib/pvegpu-lab/nvidia-module"
 _KERNEL_POSTINST = """#!/bin/sh
-# pvegpu lab STAND-IN: "loads" the open kernel module by writing what /proc/driver/nvidia/version would say.
+# pvegpu lab STAND-IN: "loads" the open kernel module, as `modprobe nvidia` would.
 set -e
-. {settings}
-mkdir -p "$(dirname "$VERSION_FILE")"
-printf 'NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  %s\\n' \\
-    '{version}' '(pvegpu lab STAND-IN)' > "$VERSION_FILE"
-printf 'GCC version:  none (pvegpu lab STAND-IN)\\n' >> "$VERSION_FILE"
+if [ "$1" = configure ]; then
+    {tool} load {version}
+fi
+"""
+_KERNEL_PRERM = """#!/bin/sh
+# pvegpu lab STAND-IN: "unloads" the open kernel module, as `modprobe -r nvidia` would.
+set -e
+if [ "$1" = remove ]; then
+    {tool} unload
+fi
 """
 _PERSISTENCED = """#!/bin/sh
 # pvegpu lab STAND-IN for nvidia-persistenced: there is no GPU to keep initialised; it only stays up.
@@ -145,17 +165,24 @@ def _driver_packages(out: Path, driver: str) -> None:
         "nvidia-kernel-open-dkms",
         version,
         "NVIDIA open GPU kernel modules",
-        {"/DEBIAN/postinst": (0o755, _KERNEL_POSTINST.format(settings=SETTINGS, version=driver))},
+        {
+            MODULE_TOOL: (0o755, (STANDINS / "nvidia_module.py").read_text()),
+            "/DEBIAN/postinst": (0o755, _KERNEL_POSTINST.format(tool=MODULE_TOOL, version=driver)),
+            "/DEBIAN/prerm": (0o755, _KERNEL_PRERM.format(tool=MODULE_TOOL)),
+        },
         Depends="dkms",
     )
-    nvidia_smi = (STANDINS / "nvidia_smi.py").read_text()
-    _deb(
-        out,
-        "nvidia-driver-cuda",
-        version,
-        "NVIDIA driver CUDA userspace",
-        {"/usr/bin/nvidia-smi": (0o755, nvidia_smi)},
-    )
+    for name, description, files in (
+        ("nvidia-driver-cuda", "NVIDIA driver CUDA userspace", {"/usr/bin/nvidia-smi": "nvidia_smi.py"}),
+        ("nvidia-modprobe", "NVIDIA device file utility", {"/usr/bin/nvidia-modprobe": "nvidia_modprobe.py"}),
+    ):
+        contents: dict[str, tuple[int, str | bytes]] = {
+            path: (0o755, (STANDINS / source).read_text()) for path, source in files.items()
+        }
+        if name == "nvidia-driver-cuda":
+            # The userspace's version is its NVML library's file name, as the real package installs it.
+            contents[f"{NVML_DIR}/libnvidia-ml.so.{driver}"] = (0o644, "pvegpu lab STAND-IN: no library\n")
+        _deb(out, name, version, description, contents)
     _deb(
         out,
         "nvidia-persistenced",
@@ -174,6 +201,21 @@ def _driver_packages(out: Path, driver: str) -> None:
         "NVIDIA driver, open kernel modules",
         {},
         Depends=", ".join(f"{p} (= {version})" for p in parts),
+    )
+
+
+def _header_packages(out: Path) -> None:
+    """Empty headers for the running kernel, Debian's and Proxmox's names (dkms would build against them)."""
+    release = os.uname().release
+    for name in (f"linux-headers-{release}", f"proxmox-headers-{release}"):
+        _deb(out, name, "1+pvegpulab", f"Linux kernel headers for {release}", {})
+    _deb(
+        out,
+        "proxmox-default-headers",
+        "1+pvegpulab",
+        "Default Proxmox kernel headers",
+        {},
+        Depends=f"proxmox-headers-{release}",
     )
 
 
@@ -220,8 +262,7 @@ def _build(out: Path) -> None:
         for driver in DRIVER_VERSIONS:
             _driver_packages(repo, driver)
         _deb(repo, "dkms", "3.0.10-8+pvegpulab", "Dynamic Kernel Module System", {})
-        release = os.uname().release
-        _deb(repo, f"linux-headers-{release}", "1+pvegpulab", f"Linux kernel headers for {release}", {})
+        _header_packages(repo)
         packages = _run("dpkg-scanpackages", "--multiversion", ".", "/dev/null", cwd=repo)
         (repo / "Packages").write_text(packages)
         (repo / "Packages.gz").write_bytes(gzip.compress(packages.encode(), mtime=0))
@@ -277,7 +318,8 @@ def ensure_payload() -> Path:
 
 
 def install(host: hosts.LabHost) -> None:
-    """Copy the payload into `host`'s root and write the stand-ins' settings."""
+    """Copy the payload into `host`'s root (any lab host: a guest, a Proxmox lab node, a container host) and
+    write the stand-ins' settings: its own `sysfs_root`, and `VERSION_FILE`."""
     payload = ensure_payload()
     for source, target in ((payload / "apt", APT_DIR), (payload / "wheels", WHEEL_DIR)):
         shutil.copytree(source, host.root / target.lstrip("/"), dirs_exist_ok=True)

@@ -102,6 +102,16 @@ class LabHost:
         """The fake sysfs manifest `lab.fakesys.write_tree` returned for this host."""
         return cast(dict[str, Any], json.loads((self.state_dir / "sysfs.json").read_text()))
 
+    def gpu_drivers(self) -> dict[str, str | None]:
+        """Every function of the host's GPU cards -> the driver its fake sysfs `driver` link names."""
+        devices = self.root / self.sysfs_root.lstrip("/") / "bus/pci/devices"
+        bound: dict[str, str | None] = {}
+        for gpu in self.manifest()["gpus"]:
+            for address in gpu["functions"]:
+                link = devices / address / "driver"
+                bound[address] = link.readlink().name if link.is_symlink() else None
+        return bound
+
     def is_alive(self) -> bool:
         return _alive(self.pid)
 

@@ -8,11 +8,13 @@ kernel module (both versions reported when not). Plans: pvegpu/plan/lxc.py.
 
 `lxc_gpu_parked` is the other profiles' side: the container stopped and `onboot: 0`, never deleted.
 
-Not here: installing the host driver (kernel module) and the container's userspace (`--no-kernel-module`).
+The host driver (kernel module, device nodes at boot) is roles/nvidia_driver.py's `pve-host` placement,
+run before this; the container's userspace driver is its `container` placement (group `lxc_guests`).
 """
 
 from __future__ import annotations
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
@@ -22,6 +24,7 @@ from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, NvidiaDeviceNodes
 from pvegpu.facts.nvidia import NvidiaModule
 from pvegpu.facts.pve import api_spec, pve_client
+from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.inventory import spec_of
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
@@ -53,9 +56,18 @@ def lxc_gpu() -> None:
     major, minor = (int(part) for part in release.manager_version.split(".")[:2])
     gpus = plan_topology(hardware_of(host, node.sysfs_root), node.gpus).gpus
     nodes = host.get_fact(NvidiaDeviceNodes)
+    driver = host.data.get(DRIVER_KEY)
+    version_file = spec_of(
+        {} if driver is None else {DRIVER_KEY: driver}, DRIVER_KEY, DriverSpec
+    ).version_file
+    module = host.get_fact(NvidiaModule, version_file=version_file)
     try:
         devices = plan_lxc_devices(len(gpus), (major, minor), nodes.caps, nodes.majors, spec.video_gid)
     except PlanError as error:
+        if module is None:
+            # Before 8.1 the raw lines need the uvm major, known once the driver this run installs loads.
+            logger.warning(f"{host.print_prefix}container not converged yet: {error}; run again")
+            return
         raise OperationError(f"{host.name}: {error}") from None
     api = pve_client(host)
     timeout_s = api_spec(host.data).task_timeout_s
@@ -78,7 +90,6 @@ def lxc_gpu() -> None:
         replace=f"{SHM_ENTRY}: {SHM_PREFIX}",
     )
     lxc_running(name="Start the container", api=api, node=node.name, vmid=spec.vmid, timeout_s=timeout_s)
-    module = host.get_fact(NvidiaModule)
     container_driver(
         name="Check the container's driver equals the host's kernel module",
         vmid=spec.vmid,

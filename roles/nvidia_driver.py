@@ -1,8 +1,18 @@
-"""nvidia_driver: NVIDIA's open driver from the CUDA apt repository, pinned; nouveau off; persistence on;
-reboot only when the loaded module is not the pinned one and the inventory allows it; then verify.
+"""nvidia_driver: NVIDIA's open driver from the CUDA apt repository, pinned, where the profile serves from.
 
-Bad data the models cannot see alone (the proprietary flavour for Blackwell ids, a distribution NVIDIA has no
-repository for) fails while operations are collected, before any host is changed.
+- `guest` (a VM's guest; a bare-metal host that is not Proxmox): the driver with its kernel module (dkms),
+  nouveau off, persistence on, reboot only when the loaded module is not the pinned one and
+  `driver.allow_reboot`; then verify.
+- `pve-host` (a Proxmox node on profile `lxc` or `baremetal`): the same, built for the Proxmox kernel
+  (Proxmox's headers), plus the NVIDIA modules loaded at boot and `pvegpu-nvidia-devices.service`, which
+  creates every device node a container binds (`nvidia-uvm` too) before Proxmox starts its guests.
+- `container` (the `lxc` profile's container, group `lxc_guests`): userspace only, at the pinned version,
+  no module package ever (apt preferences); the module is the host's, so a different loaded version fails
+  with both versions, and nothing reboots.
+
+Packages per placement and why: pvegpu/plan/driver.py. Bad data the models cannot see alone (the
+proprietary flavour for Blackwell ids, a distribution NVIDIA has no repository for) fails while
+operations are collected, before any host is changed.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from io import StringIO
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host
 from pyinfra.facts.server import KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
@@ -18,18 +29,30 @@ from pyinfra.operations.util import any_changed
 
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
-from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified
+from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
 from pvegpu.operations.render import render
-from pvegpu.plan.driver import PACKAGE, apt_source_line, cuda_distro, flavour_problems, keyring_url
+from pvegpu.plan.driver import (
+    DEVICES_SERVICE,
+    DEVICES_UNIT,
+    KERNEL_PACKAGES,
+    MODULES_LOAD,
+    Placement,
+    apt_source_line,
+    cuda_distro,
+    driver_packages,
+    flavour_problems,
+    keyring_url,
+)
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.lxc import device_nodes
 
 NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
 PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
 
 
 @deploy("Install the NVIDIA driver")
-def nvidia_driver() -> None:
-    """CUDA repository, pinned open driver + headers/dkms, nouveau blacklist, persistenced, module, verify."""
+def nvidia_driver(placement: Placement = "guest") -> None:
+    """CUDA repository, pinned packages for `placement`, then what the placement needs (module docstring)."""
     data = {key: host.data.get(key) for key in (NODE_KEY, DRIVER_KEY) if host.data.get(key) is not None}
     node = spec_of(data, NODE_KEY, NodeSpec)
     driver = spec_of(data, DRIVER_KEY, DriverSpec)
@@ -41,6 +64,7 @@ def nvidia_driver() -> None:
         distro = cuda_distro(release.get("ID"), release.get("VERSION_ID"))
     except PlanError as error:
         raise OperationError(f"{host.name}: {error}") from None
+    container = placement == "container"
 
     cuda_repository(
         name="Add NVIDIA's CUDA apt repository",
@@ -48,20 +72,48 @@ def nvidia_driver() -> None:
         list_path=f"/etc/apt/sources.list.d/cuda-{distro}-x86_64.list",
         keyring_url=keyring_url(driver, distro),
     )
+    preferences = render(
+        "nvidia_driver/apt-preferences-pvegpu-nvidia.j2",
+        version=driver.version,
+        container=container,
+        kernel_packages=KERNEL_PACKAGES,
+    )
     files.put(
-        name=f"Pin NVIDIA's driver packages to {driver.version}",
-        src=StringIO(render("nvidia_driver/apt-preferences-pvegpu-nvidia.j2", version=driver.version)),
+        name=f"Pin NVIDIA's driver packages to {driver.version}"
+        + (", no kernel module" if container else ""),
+        src=StringIO(preferences),
         dest=PREFERENCES,
         mode="644",
     )
+    what = "userspace (no kernel module)" if container else "driver with its kernel module (dkms)"
     packages = apt.packages(
-        name=f"Install the {driver.flavour} NVIDIA driver {driver.version} with headers and dkms",
-        packages=[
-            f"{PACKAGE[driver.flavour]}={driver.package_version}",
-            "dkms",
-            f"linux-headers-{host.get_fact(KernelVersion)}",
-        ],
+        name=f"Install the {driver.flavour} NVIDIA {what} {driver.version}",
+        packages=list(driver_packages(driver, placement, host.get_fact(KernelVersion))),
+        no_recommends=container,
     )
+    installing = packages.will_change
+    unit = None if container else _module_side(placement, node.gpus.count)
+    driver_module(
+        name="Check the host's kernel module is the pinned one"
+        if container
+        else "Load the pinned kernel module (reboot when allowed)",
+        driver=driver,
+        installing=installing,
+        container=container,
+    )
+    if unit is not None:
+        _device_nodes(node.gpus.count, unit, installing)
+    driver_verified(
+        name="Verify the GPUs, module flavour and version",
+        driver=driver,
+        gpu_count=node.gpus.count,
+        installing=installing,
+    )
+
+
+def _module_side(placement: Placement, gpus: int | None) -> OperationMeta | None:
+    """nouveau off (initramfs refreshed), persistence on; on a Proxmox host the modules and the device unit
+    for boot (returned: its write, which decides a reload and a rerun)."""
     blacklist = files.put(
         name="Blacklist nouveau",
         src=StringIO(render("nvidia_driver/modprobe-pvegpu-nouveau.conf.j2")),
@@ -79,13 +131,41 @@ def nvidia_driver() -> None:
         running=True,
         enabled=True,
     )
-    installing = packages.will_change
-    driver_module(
-        name="Load the pinned kernel module (reboot when allowed)", driver=driver, installing=installing
+    if placement != "pve-host":
+        return None
+    if gpus is None:
+        raise OperationError(
+            f"{host.name}: node.gpus.count: the device unit creates one node per GPU: declare how many"
+        )
+    files.put(
+        name="Load the NVIDIA modules at boot",
+        src=StringIO(render("nvidia_driver/modules-load-pvegpu-nvidia.conf.j2")),
+        dest=MODULES_LOAD,
+        mode="644",
     )
-    driver_verified(
-        name="Verify the GPUs, module flavour and version",
-        driver=driver,
-        gpu_count=node.gpus.count,
+    return files.put(
+        name=f"Write {DEVICES_SERVICE} (device nodes before guests start)",
+        src=StringIO(render("nvidia_driver/pvegpu-nvidia-devices.service.j2", gpus=gpus)),
+        dest=DEVICES_UNIT,
+        mode="644",
+    )
+
+
+def _device_nodes(gpus: int | None, unit: OperationMeta, installing: bool) -> None:
+    """The device unit enabled and run once the module is loaded (rerun when it changed), then every node
+    checked."""
+    systemd.daemon_reload(name="Reload systemd units", _if=any_changed(unit))
+    systemd.service(
+        name=f"Enable and run {DEVICES_SERVICE}", service=DEVICES_SERVICE, running=True, enabled=True
+    )
+    systemd.service(
+        name=f"Rerun {DEVICES_SERVICE} after its change",
+        service=DEVICES_SERVICE,
+        restarted=True,
+        _if=any_changed(unit),
+    )
+    device_nodes_present(
+        name="Check the NVIDIA device nodes containers bind",
+        nodes=device_nodes(gpus or 0, ()),
         installing=installing,
     )

@@ -9,6 +9,7 @@ this host, a group that cannot be passed) fails while operations are collected, 
 
 from __future__ import annotations
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
@@ -25,7 +26,7 @@ from pvegpu.operations.reboot import reboot_if_pending
 from pvegpu.operations.vfio import vfio_config
 from pvegpu.plan.cmdline import retired_tokens
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.profile import host_profile, profile_functions
+from pvegpu.plan.profile import held_by_vfio, host_profile, profile_functions
 from pvegpu.plan.vfio import plan_vfio
 
 
@@ -68,3 +69,19 @@ def pve_host() -> None:
         sysfs_root=node.sysfs_root,
         cmdline_path=node.cmdline_path,
     )
+
+
+def host_driver_blocked() -> str | None:
+    """Why the host driver's steps must wait on this node (pvegpu.plan.profile.held_by_vfio), logged as a
+    warning; None when they can run."""
+    data = {key: host.data.get(key) for key in (NODE_KEY, HOST_KEY) if host.data.get(key) is not None}
+    node = spec_of(data, NODE_KEY, NodeSpec)
+    hardware = hardware_of(host, node.sysfs_root)
+    try:
+        functions = profile_functions(node.profile, hardware, node.gpus)
+    except PlanError:
+        return None  # pve_host reports it, naming the field
+    reason = held_by_vfio(node.profile, hardware, functions, spec_of(data, HOST_KEY, HostSpec).allow_reboot)
+    if reason is not None:
+        logger.warning(f"{host.print_prefix}{reason}")
+    return reason

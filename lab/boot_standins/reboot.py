@@ -2,7 +2,7 @@
 """LAB STAND-IN for `reboot` on a pvegpu lab node (installed as /usr/local/sbin/reboot by lab/boot.py).
 
 A lab node cannot boot a kernel, so "rebooting" applies what the next boot would pick up to the node's
-fake running state, from the files the bootloader and modprobe would really read:
+fake running state, from the files the bootloader, modprobe and systemd would really read:
 
 - kernel command line: GRUB layout: the `linux` line of /boot/grub/grub.cfg (written by update-grub);
   systemd-boot layout: the options proxmox-boot-tool copied to the ESP at its last `refresh`. Without
@@ -12,12 +12,24 @@ fake running state, from the files the bootloader and modprobe would really read
   `options vfio-pci ids=` or an address in an `install vfio-pci` driver_override line is bound to vfio-pci
   (the fake sysfs `driver` links are rewritten). A function bound to vfio-pci that the configuration no
   longer selects (the `lxc` / `baremetal` profiles removed it) gets its own driver back, as a boot without
-  vfio-pci gives it: an NVIDIA display function `nvidia` when the host driver is installed (dpkg knows
-  `nvidia-kernel-open-dkms` or `nvidia-kernel-dkms`, or an nvidia.ko is under /lib/modules) and no
-  modprobe.d file blacklists `nvidia`, else no driver; an HD audio function `snd_hda_intel`; anything
-  else no driver. Other functions keep their driver.
+  vfio-pci gives it: an NVIDIA display function `nvidia` when the host driver loads (dpkg knows
+  `nvidia-kernel-open-dkms` or `nvidia-kernel-dkms`, or an nvidia.ko is under /lib/modules, and no
+  modprobe.d file blacklists `nvidia`), else no driver; an HD audio function `snd_hda_intel`; anything
+  else no driver. An NVIDIA display function that vfio-pci does not take and that has no driver, or has
+  `nvidia`, gets `nvidia` when the host driver loads and no driver when it does not. Other functions keep
+  their driver.
+- the NVIDIA module: when the host driver loads and at least one NVIDIA display function ends up bound to
+  `nvidia`, VERSION_FILE (from /etc/pvegpu-lab/nvidia.env, else the lab's default path) gets what
+  /proc/driver/nvidia/version shows, for the version dpkg-query gives for the installed
+  nvidia-kernel-open-dkms (else nvidia-kernel-dkms) without its Debian revision, in the text of the
+  stand-in kernel package (lab/standins/nvidia_module.py); otherwise (or with no dpkg version)
+  VERSION_FILE is removed.
+- device nodes: /dev/nvidia* are removed (a boot starts with a fresh devtmpfs); then, when systemd runs
+  (/run/systemd/system exists) and `pvegpu-nvidia-devices.service` is enabled, it is restarted, as the
+  boot would start it (it creates the nodes again with nvidia-modprobe).
 
-Settings come from /etc/pvegpu-lab/boot.json (layout, sysfs_root, cmdline_path, kernel image names).
+Settings come from /etc/pvegpu-lab/boot.json (layout, sysfs_root, cmdline_path, kernel image names). Each
+reboot appends one line to /var/log/pvegpu-lab/reboot.log.
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +46,14 @@ CONFIG = Path("/etc/pvegpu-lab/boot.json")
 ESP_CMDLINE = Path("/var/lib/pvegpu-lab/esp/cmdline")
 GRUB_CFG = Path("/boot/grub/grub.cfg")
 LOG = Path("/var/log/pvegpu-lab/reboot.log")
+NVIDIA_ENV = Path("/etc/pvegpu-lab/nvidia.env")
+DEFAULT_VERSION_FILE = "/opt/fakeproc/driver/nvidia/version"  # lab.guest_payload.VERSION_FILE
+DEV = Path("/dev")
+DEVICE_UNIT = "pvegpu-nvidia-devices.service"
+VERSION_TEXT = (  # lab/standins/nvidia_module.py's VERSION_TEXT
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
+    "(pvegpu lab STAND-IN)\nGCC version:  none (pvegpu lab STAND-IN)\n"
+)
 _ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
@@ -89,13 +111,16 @@ def host_driver_loads() -> bool:
     return installed and not blacklisted
 
 
+def is_nvidia_display(device: Path) -> bool:
+    vendor = (device / "vendor").read_text().strip()
+    return vendor == NVIDIA and (device / "class").read_text().strip().startswith(DISPLAY_CLASS)
+
+
 def own_driver(device: Path, nvidia: bool) -> str | None:
     """The driver a function gets at a boot without vfio-pci (module docstring)."""
-    vendor = (device / "vendor").read_text().strip()
-    pci_class = (device / "class").read_text().strip()
-    if vendor == NVIDIA and pci_class.startswith(DISPLAY_CLASS):
+    if is_nvidia_display(device):
         return "nvidia" if nvidia else None
-    if pci_class.startswith(AUDIO_CLASS):
+    if (device / "class").read_text().strip().startswith(AUDIO_CLASS):
         return "snd_hda_intel"
     return None
 
@@ -127,38 +152,105 @@ def bind(sysfs: Path, address: str, driver: str) -> None:
     (drivers / address).symlink_to(os.path.relpath(device, drivers))
 
 
-def main() -> int:
-    config = json.loads(CONFIG.read_text())
-    cmdline_path = Path(config["cmdline_path"])
-    sysfs = Path(config["sysfs_root"])
-    cmdline = next_cmdline(config, cmdline_path.read_text().strip())
-    cmdline_path.write_text(cmdline + "\n")
+def installed_version() -> str | None:
+    """The upstream version of the installed NVIDIA kernel module package (dpkg-query), None without one."""
+    for name in DKMS_PACKAGES:
+        query = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${db:Status-Status} ${Version}", name],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        status, _, version = query.stdout.partition(" ")
+        if query.returncode == 0 and status == "installed" and version:
+            return version.rsplit("-", 1)[0]
+    return None
+
+
+def version_file(env: Path = NVIDIA_ENV) -> Path:
+    """VERSION_FILE of the NVIDIA stand-ins' settings (lab.guest_payload), or the lab's default."""
+    lines = env.read_text().splitlines() if env.is_file() else []
+    values = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return Path(values.get("VERSION_FILE", DEFAULT_VERSION_FILE).strip())
+
+
+def module_at_boot(sysfs: Path, loads: bool, version: str | None, path: Path) -> str | None:
+    """Write or remove the module's version file (module docstring); the version loaded, or None."""
+    devices = (sysfs / "bus/pci/devices").iterdir()
+    bound = any(is_nvidia_display(d) and current_driver(d) == "nvidia" for d in devices)
+    if loads and bound and version is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(VERSION_TEXT.format(version=version))
+        return version
+    path.unlink(missing_ok=True)
+    return None
+
+
+def fresh_device_nodes(dev: Path = DEV) -> None:
+    """A fresh devtmpfs: no /dev/nvidia* node (or /dev/nvidia-caps directory) survives the boot."""
+    for node in dev.glob("nvidia*"):
+        if node.is_dir() and not node.is_symlink():
+            shutil.rmtree(node)
+        else:
+            node.unlink()
+
+
+def start_device_unit() -> str:
+    """Restart the device node unit as the boot would start it; what happened, for the log."""
+    if not Path("/run/systemd/system").is_dir():
+        return "no-systemd"
+    enabled = subprocess.run(["systemctl", "is-enabled", "--quiet", DEVICE_UNIT], check=False)
+    if enabled.returncode != 0:
+        return "not-enabled"
+    restart = subprocess.run(["systemctl", "restart", DEVICE_UNIT], check=False)
+    return "started" if restart.returncode == 0 else "failed"
+
+
+def boot_drivers(sysfs: Path, cmdline: str, nvidia: bool) -> tuple[list[str], list[str]]:
+    """Rebind the functions as the boot would (module docstring); (bound to vfio-pci, released from it)."""
     tokens = cmdline.split()
     iommu = "amd_iommu=on" in tokens or "intel_iommu=on" in tokens
     ids, addresses, loads = vfio_selection()
-    nvidia = host_driver_loads()
     bound = []
     released = []
     for device in sorted((sysfs / "bus/pci/devices").iterdir()):
         pci_id = (
             f"{(device / 'vendor').read_text().strip()[2:]}:{(device / 'device').read_text().strip()[2:]}"
         )
+        current = current_driver(device)
         if loads and iommu and (pci_id in ids or device.name in addresses):
             bind(sysfs, device.name, "vfio-pci")
             bound.append(device.name)
-        elif current_driver(device) == "vfio-pci":
+        elif current == "vfio-pci" or (is_nvidia_display(device) and current in (None, "nvidia")):
             driver = own_driver(device, nvidia)
+            if driver == current:
+                continue
             if driver is None:
                 unbind(sysfs, device.name)
             else:
                 bind(sysfs, device.name, driver)
-            released.append(f"{device.name}:{driver or '-'}")
+            if current == "vfio-pci":
+                released.append(f"{device.name}:{driver or '-'}")
+    return bound, released
+
+
+def main() -> int:
+    config = json.loads(CONFIG.read_text())
+    cmdline_path = Path(config["cmdline_path"])
+    sysfs = Path(config["sysfs_root"])
+    cmdline = next_cmdline(config, cmdline_path.read_text().strip())
+    cmdline_path.write_text(cmdline + "\n")
+    nvidia = host_driver_loads()
+    bound, released = boot_drivers(sysfs, cmdline, nvidia)
+    module = module_at_boot(sysfs, nvidia, installed_version(), version_file())
+    fresh_device_nodes()
+    unit = start_device_unit()
     LOG.parent.mkdir(parents=True, exist_ok=True)
     with LOG.open("a") as log:
         log.write(
             f"reboot: cmdline={cmdline!r} vfio-pci={','.join(bound) or '-'}"
             + (f" released={','.join(released)}" if released else "")
-            + "\n"
+            + f" nvidia={module or '-'} {DEVICE_UNIT}={unit}\n"
         )
     return 0
 

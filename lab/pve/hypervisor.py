@@ -1,17 +1,26 @@
-"""The lab hypervisor of one Proxmox lab node: starts and stops the node's VM guests as lab hosts.
+"""The lab hypervisor of one Proxmox lab node: starts and stops the node's VM guests and containers as lab
+hosts, and runs commands in its containers.
 
-The pvesh stand-in runs inside the node's namespaces and cannot start lab hosts itself. At VM start/stop it
-writes a request into the node's `/var/lib/pvegpu-lab/hv/` (`<vmid>-<action>-<nonce>.request`, JSON) and
-waits for the `.answer` beside it. This process runs on the lab machine (started with the node, stopped by
-`lab down NODE`), sees the same directory through the node's root, and answers each request:
+The pvesh and pct stand-ins run inside the node's namespaces and cannot start lab hosts themselves. They
+write a request into the node's `/var/lib/pvegpu-lab/hv/` (`<vmid>-<action>-<nonce>.request`, JSON) and wait
+for the `.answer` beside it. This process runs on the lab machine (started with the node, stopped by
+`lab down NODE`), sees the same directory through the node's root, and answers each request in turn:
 
-- `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...]}, ...]}`:
-  brings up the guest lab host `<node>v<vmid>` with the Q35 sysfs of those devices (lab.pve.guest), copied
-  from the node's current topology, no driver bound, and the guest's software sources installed
+- `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...]}, ...]}`
+  (a VM): brings up the guest lab host `<node>v<vmid>` with the Q35 sysfs of those devices (lab.pve.guest),
+  copied from the node's current topology, no driver bound, and the guest's software sources installed
   (lab.guest_payload: stand-in NVIDIA apt repository, sglang wheel);
   answers `{"ok": true, "pid": <PID>, "guest": <name>}`;
-- `{"action": "stop", "vmid": N}`: stops that guest; answers `{"ok": true}`.
-Failures answer `{"ok": false, "error": "<message>"}`: the VM start task fails with `start failed: <message>`.
+- `{"action": "stop", "vmid": N}`: stops that guest; answers `{"ok": true}`;
+- `{"action": "start", "type": "lxc", "vmid": N, "dev": [{"path": "/dev/nvidia0", "gid": "44"}, ...]}`
+  (a CT; `dev`: its devN entries): brings up the container lab host `<node>c<vmid>` (lab.pve.container: the
+  node's sysfs, its device nodes and module version, the software sources); answers
+  `{"ok": true, "pid": <PID>, "guest": <name>}`;
+- `{"action": "stop", "type": "lxc", "vmid": N}`: stops that container host; answers `{"ok": true}`;
+- `{"action": "exec", "type": "lxc", "vmid": N, "argv": [...], "timeout_s": S}` (`pct exec`): runs argv in
+  the container host as root over SSH; answers `{"ok": true, "status": N, "stdout": ..., "stderr": ...}`.
+Failures answer `{"ok": false, "error": "<message>"}`: a start task fails with `start failed: <message>`.
+Guests and container hosts are the node's dependents: `lab down NODE` stops them.
 
     python -m lab.pve.hypervisor NODE STATE_DIR [--guest-mode nspawn|netns]
 """
@@ -29,11 +38,13 @@ from types import FrameType
 from typing import Any, cast
 
 from lab import guest_payload, hosts
+from lab.pve import container
 from lab.pve.guest import GuestError, Passed, q35_guest
 from lab.pve.node import GUEST_RECORD, HV_DIR
 from lab.topologies import TOPOLOGIES
 
 POLL_S = 0.1
+EXEC_TIMEOUT_S = 170.0  # under pct's wait (the stand-ins' hypervisor_timeout_s, 180 s by default)
 
 
 def guest_name(node: str, vmid: int) -> str:
@@ -43,6 +54,8 @@ def guest_name(node: str, vmid: int) -> str:
 
 def handle(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[str, Any]:
     """Carry out one request; the answer the stand-in reads."""
+    if request.get("type") == "lxc":
+        return handle_container(node, request, guest_mode)
     name = guest_name(node, int(request["vmid"]))
     if request["action"] == "stop":
         hosts.down(name)
@@ -64,6 +77,22 @@ def handle(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[s
     record = {"node": node, "vmid": int(request["vmid"])}
     (guest.state_dir / GUEST_RECORD).write_text(json.dumps(record, sort_keys=True) + "\n")
     return {"ok": True, "pid": guest.pid, "guest": guest.name}
+
+
+def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[str, Any]:
+    """A CT request (module docstring)."""
+    vmid = int(request["vmid"])
+    if request["action"] == "stop":
+        container.down(node, vmid)
+        return {"ok": True}
+    if request["action"] == "exec":
+        timeout_s = float(request.get("timeout_s", EXEC_TIMEOUT_S))
+        return container.run(node, vmid, [str(a) for a in request["argv"]], timeout_s)
+    try:
+        host = container.up(node, vmid, list(request["dev"]), guest_mode)
+    except (container.ContainerError, hosts.LabError, guest_payload.PayloadError) as error:
+        return {"ok": False, "error": str(error).splitlines()[0]}
+    return {"ok": True, "pid": host.pid, "guest": host.name}
 
 
 def serve(node: str, state: Path, guest_mode: hosts.Mode) -> None:

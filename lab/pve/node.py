@@ -1,15 +1,18 @@
-"""Proxmox lab nodes: a lab host with the pvesh stand-in installed and a lab hypervisor for its VMs.
+"""Proxmox lab nodes: a lab host with the pvesh and pct stand-ins installed and a lab hypervisor for its
+guests.
 
 `up(name, topology)` starts the host (lab.hosts), then installs into its root:
 - `/usr/bin/pvesh`: lab/pve/pvesh.py, the STAND-IN for Proxmox's pvesh;
+- `/usr/bin/pct`: lab/pve/pct.py, the STAND-IN for Proxmox's pct (`pct exec` only);
 - `/usr/bin/pveversion`: a STAND-IN printing the release the pvesh stand-in reports;
-- `/etc/pvegpu-lab/pve.json`: the stand-in's settings (node name, the node's sysfs root, the hypervisor
+- `/etc/pvegpu-lab/pve.json`: the stand-ins' settings (node name, the node's sysfs root, the hypervisor
   request directory);
 and starts `python -m lab.pve.hypervisor` as the host's companion (stopped by `lab down NAME`, which also
-stops the VM guests it started).
+stops the VM guests and container hosts it started).
 
 Which lab hosts are what (for inventories): a Proxmox node's state directory holds `pve-node.json` (the
-stand-in's settings), a VM guest's holds `pve-guest.json` (`{"node": ..., "vmid": ...}`); see `role_of`.
+stand-ins' settings), a VM guest's holds `pve-guest.json` and a container host's `pve-container.json`
+(both `{"node": ..., "vmid": ...}`); see `role_of`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Literal
 from lab import hosts
 
 PVESH = Path(__file__).with_name("pvesh.py")
+PCT = Path(__file__).with_name("pct.py")
 CONFIG = "etc/pvegpu-lab/pve.json"
 HV_DIR = "var/lib/pvegpu-lab/hv"  # the hypervisor's request directory, in the node's root
 NODE_RECORD = "pve-node.json"
@@ -32,6 +36,7 @@ PVEVERSION = """#!/bin/sh
 echo 'pve-manager/9.0.3/0a1b2c3d4e5f6a7b (running kernel: 6.8.12-4-pve)'
 """
 GUEST_RECORD = "pve-guest.json"
+CONTAINER_RECORD = "pve-container.json"
 
 
 def settings(host: hosts.LabHost) -> dict[str, object]:
@@ -40,9 +45,10 @@ def settings(host: hosts.LabHost) -> dict[str, object]:
 
 
 def install(host: hosts.LabHost) -> None:
-    pvesh = host.root / "usr/bin/pvesh"
-    shutil.copyfile(PVESH, pvesh)
-    pvesh.chmod(0o755)
+    for source, name in ((PVESH, "pvesh"), (PCT, "pct")):
+        target = host.root / "usr/bin" / name
+        shutil.copyfile(source, target)
+        target.chmod(0o755)
     config = host.root / CONFIG
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(settings(host), indent=1, sort_keys=True) + "\n")
@@ -53,11 +59,17 @@ def install(host: hosts.LabHost) -> None:
     (host.state_dir / NODE_RECORD).write_text(json.dumps(settings(host), indent=1, sort_keys=True) + "\n")
 
 
-def role_of(host: hosts.LabHost) -> Literal["pve", "guest"] | None:
-    """ "pve" for a Proxmox lab node, "guest" for a VM guest started by one, None for a plain lab host."""
+Role = Literal["pve", "guest", "container"]
+
+
+def role_of(host: hosts.LabHost) -> Role | None:
+    """ "pve" for a Proxmox lab node, "guest" for a VM guest and "container" for a CT's container host
+    started by one, None for a plain lab host."""
     if (host.state_dir / NODE_RECORD).is_file():
         return "pve"
-    return "guest" if (host.state_dir / GUEST_RECORD).is_file() else None
+    if (host.state_dir / GUEST_RECORD).is_file():
+        return "guest"
+    return "container" if (host.state_dir / CONTAINER_RECORD).is_file() else None
 
 
 def guest_vm(host: hosts.LabHost) -> dict[str, Any] | None:
@@ -66,11 +78,17 @@ def guest_vm(host: hosts.LabHost) -> dict[str, Any] | None:
     return dict(json.loads(record.read_text())) if record.is_file() else None
 
 
+def container_ct(host: hosts.LabHost) -> dict[str, Any] | None:
+    """`{"node": <node name>, "vmid": <int>}` for a CT's container host, else None."""
+    record = host.state_dir / CONTAINER_RECORD
+    return dict(json.loads(record.read_text())) if record.is_file() else None
+
+
 def up(
     name: str, topology: str, mode: hosts.Mode = "netns", guest_mode: hosts.Mode = "nspawn"
 ) -> hosts.LabHost:
-    """Start Proxmox lab node `name`; its VM guests will run as `guest_mode` lab hosts. Raises LabError like
-    `lab.hosts.up`; a failed start is cleaned up."""
+    """Start Proxmox lab node `name`; its VM guests and container hosts will run as `guest_mode` lab hosts.
+    Raises LabError like `lab.hosts.up`; a failed start is cleaned up."""
     host = hosts.up(name, topology, mode)
     try:
         install(host)

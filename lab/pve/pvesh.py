@@ -16,13 +16,15 @@ pvegpu makes, the way `pvesh` does (shared/knowledge/proxmox-api-behaviour.md is
 State lives in Proxmox's file formats under the configured root: /etc/pve/mapping/pci.cfg,
 /etc/pve/qemu-server/<vmid>.conf, /etc/pve/lxc/<ctid>.conf, /var/log/pve/tasks/. PCI hardware is read from
 the configured sysfs root. A VM start checks every mapped path against that sysfs like Proxmox does, then asks
-the lab hypervisor (lab/pve/hypervisor.py, outside the node) to bring the guest lab host up.
+the lab hypervisor (lab/pve/hypervisor.py, outside the node) to bring the guest lab host up; a CT start checks
+every `devN` device node, then asks it to bring the container lab host up. Stops ask it to stop them.
 
 Settings: JSON file $PVEGPU_LAB_PVE_CONFIG (default /etc/pvegpu-lab/pve.json), keys: node (required),
 sysfs_root ("/sys"), root ("/": prefix of every state path), hypervisor_dir (null: VMs only change state),
 hypervisor_timeout_s (180), version ("9.0.3"), release ("9.0"), storages (["local", "local-lvm"]).
 
-Not modelled: other endpoints and options (e.g. VM create's `start`, `pool`; LXC create/start), permissions
+Not modelled: other endpoints and options (e.g. VM create's `start`, `pool`; unpacking a CT's template: the
+container lab host is a Debian root, whatever `ostemplate` says), permissions
 (pvesh runs as root@pam), proxying to other nodes, HA, hotplug (a running VM keeps every change but
 name/description/onboot/tags/protection pending), PCI vendor/device names, output formats other than
 json/json-pretty (the default prints json-pretty), a real QEMU process (a running VM is
@@ -1287,7 +1289,8 @@ def _passthrough(call: Call, conf: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _hypervisor(call: Call, request: dict[str, Any]) -> dict[str, Any]:
-    """Ask the lab hypervisor (outside the node) to start/stop the guest; wait for its answer."""
+    """Ask the lab hypervisor (outside the node) to start/stop a VM's guest or a CT's container host; wait
+    for its answer (requests: lab/pve/hypervisor.py)."""
     settings = call.settings
     if settings.hypervisor_dir is None:
         return {"ok": True, "pid": os.getpid()}
@@ -1436,6 +1439,9 @@ def create_lxc(call: Call) -> Json:
     def worker(emit: Callable[[str], None]) -> None:
         conf = _config_keys(call.params)
         template = conf.pop("ostemplate")
+        # Proxmox writes them to the root's authorized_keys, not the config; the lab's container host
+        # already has the lab's key.
+        conf.pop("ssh-public-keys", None)
         try:
             match = re.fullmatch(r"([a-zA-Z][\w\-.]*):(\d+)", conf.get("rootfs", "local:4"))
             if not match or match.group(1) not in settings.storages:
@@ -1483,9 +1489,16 @@ def get_lxc_status(call: Call) -> Json:
     }
 
 
+def _dev_entries(conf: dict[str, str]) -> list[dict[str, str]]:
+    """The `devN` entries of a CT config, in index order, as property dicts (path, gid, uid, mode, ...)."""
+    keys = sorted((k for k in conf if re.fullmatch(r"dev\d+", k)), key=lambda k: int(k[3:]))
+    return [parse_property_string(P(props=DEV_FMT, default_key="path"), conf[k]) for k in keys]
+
+
 def start_lxc(call: Call) -> Json:
-    """`vzstart` (§6.4): `CT <vmid> already running` before the fork; devN checked again at start. The
-    stand-in records the container as running; nothing runs in it."""
+    """`vzstart` (§6.4): `CT <vmid> already running` before the fork; devN checked again at start. The lab
+    hypervisor starts the container lab host with those device nodes; its refusal fails the task with
+    `start failed: <message>`. The stand-in records the container as running (its status)."""
     vmid = call.path_params["vmid"]
     conf = _load_guest(call, "lxc")
     if _lxc_running_path(call).is_file():
@@ -1497,6 +1510,8 @@ def start_lxc(call: Call) -> Json:
         for key, value in conf.main.items():
             if re.fullmatch(r"dev\d+", key):
                 _check_device(call.settings, value)
+        request = {"action": "start", "type": "lxc", "vmid": int(vmid), "dev": _dev_entries(conf.main)}
+        _hypervisor(call, request)
         running = _lxc_running_path(call)
         running.parent.mkdir(parents=True, exist_ok=True)
         running.write_text(f"{int(time.time())}\n")
@@ -1512,6 +1527,7 @@ def stop_lxc(call: Call) -> Json:
         raise DieError(f"CT {vmid} not running\n")
 
     def worker(_emit: Callable[[str], None]) -> None:
+        _hypervisor(call, {"action": "stop", "type": "lxc", "vmid": int(vmid)})
         _lxc_running_path(call).unlink(missing_ok=True)
 
     return run_task(call, "vzstop", vmid, worker)
@@ -1657,7 +1673,12 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     (
         "create",
         r"nodes/(?P<node>[^/]+)/lxc",
-        Endpoint("POST", {"vmid": VMID_P, "ostemplate": P()}, create_lxc, extra=_lxc_extra),
+        Endpoint(
+            "POST",
+            {"vmid": VMID_P, "ostemplate": P(), "ssh-public-keys": P(max_length=65536)},
+            create_lxc,
+            extra=_lxc_extra,
+        ),
     ),
     (
         "get",

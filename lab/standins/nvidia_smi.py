@@ -4,7 +4,9 @@
 Settings come from /etc/pvegpu-lab/nvidia.env (`SYSFS_ROOT=`, `VERSION_FILE=`), written by the lab when it
 starts a guest: the fake sysfs tree plays /sys and VERSION_FILE plays /proc/driver/nvidia/version (the loaded
 module, written by the stand-in kernel module package). Like the real tool it refuses to run when no module
-is loaded (exit 9) and numbers GPUs in PCI bus order. Supported: no arguments, `-L`, and
+is loaded (exit 9), fails with NVML's `Driver/library version mismatch` (exit 18) when its userspace (the
+version in its `libnvidia-ml.so.<version>` file name) is not the loaded module's, and numbers GPUs in PCI
+bus order. Supported: no arguments, `-L`, and
 `--query-gpu=FIELD[,FIELD...] --format=csv[,noheader][,nounits]` for the fields in FIELDS.
 """
 
@@ -19,6 +21,7 @@ NVIDIA, DISPLAY_CLASS = "0x10de", "0x03"
 NAMES = {"0x2bb1": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 COMPUTE_CAP = {"0x2bb1": "12.0"}
 FIELDS = ("index", "name", "pci.bus_id", "driver_version", "uuid", "compute_cap")
+_LIBRARY_VERSION = re.compile(r"\d{3}\.\d+(?:\.\d+)?")
 _VERSION = re.compile(r"Kernel Module for \S+\s+(\d+\.\d+(?:\.\d+)?)\s")
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -26,8 +29,13 @@ NO_DRIVER = (
 )
 
 
+# Installed on lab hosts as a lone script, so it reads /etc/pvegpu-lab/nvidia.env itself (as its siblings do).
 def settings() -> dict[str, str]:
-    values = {"SYSFS_ROOT": "/sys", "VERSION_FILE": "/proc/driver/nvidia/version"}
+    values = {
+        "SYSFS_ROOT": "/sys",
+        "VERSION_FILE": "/proc/driver/nvidia/version",
+        "NVML_DIR": "/usr/lib/x86_64-linux-gnu",
+    }
     if SETTINGS.is_file():
         for line in SETTINGS.read_text().splitlines():
             name, sep, value = line.partition("=")
@@ -75,6 +83,15 @@ def print_query(names: list[str], form: list[str], found: list[tuple[str, str]],
     return 0
 
 
+def userspace_version(nvml_dir: Path) -> str | None:
+    """This userspace's version: the suffix of its `libnvidia-ml.so.<version>` (None without one)."""
+    for library in sorted(nvml_dir.glob("libnvidia-ml.so.*")):
+        suffix = library.name.removeprefix("libnvidia-ml.so.")
+        if _LIBRARY_VERSION.fullmatch(suffix):
+            return suffix
+    return None
+
+
 def main(argv: list[str]) -> int:
     config = settings()
     version_file = Path(config["VERSION_FILE"])
@@ -83,6 +100,12 @@ def main(argv: list[str]) -> int:
         print(NO_DRIVER)
         return 9
     version = match[1]
+    userspace = userspace_version(Path(config["NVML_DIR"]))
+    if userspace is not None and userspace != version:
+        # What the real tool prints when its NVML library is not the loaded module's version.
+        print("Failed to initialize NVML: Driver/library version mismatch")
+        print(f"NVML library version: {userspace}")
+        return 18
     found = gpus(Path(config["SYSFS_ROOT"]))
     if not found:
         print("No devices were found")

@@ -1,9 +1,11 @@
 """What the `lxc` profile reads on the node: the NVIDIA device nodes a container needs (`/dev/nvidia-caps/*`
 and the character majors of /proc/devices), in one command; and the userspace driver version inside
-the container (`pct exec`), for the drift check against the host's kernel module."""
+the container (`pct exec`, its NVML library's file name), for the drift check against the host's kernel
+module."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,16 +51,30 @@ def parse_nvidia_nodes(lines: Sequence[str]) -> NvidiaNodes:
     return NvidiaNodes(caps=tuple(caps), majors=parse_proc_devices([line for _, line in sections["devices"]]))
 
 
+# Where Debian/Ubuntu (multiarch) and the `.run` installer put NVML; its file name carries the version.
+NVML_GLOBS = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*", "/usr/lib64/libnvidia-ml.so.*")
+_NVML_VERSION = re.compile(r"libnvidia-ml\.so\.(\d{3}\.\d+(?:\.\d+)?)")
+
+
 class ContainerDriverVersion(FactBase[str | None]):
-    """The NVIDIA userspace driver version inside container `vmid` (its nvidia-smi), None when it has none
-    or the container does not run."""
+    """The NVIDIA userspace driver version inside container `vmid`, from its NVML library's file name
+    (`libnvidia-ml.so.580.95.05`): nvidia-smi itself refuses to run when the versions differ. None when the
+    container has no userspace driver or does not run."""
 
     @override
     def command(self, vmid: int) -> str:
-        query = "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
-        return f"pct exec {int(vmid)} -- {query} 2>/dev/null | head -n 1 || true"
+        listing = f'for f in {" ".join(NVML_GLOBS)}; do [ -f "$f" ] && echo "$f"; done'
+        return f"pct exec {int(vmid)} -- sh -c {shlex.quote(listing)} 2>/dev/null || true"
 
     @override
     def process(self, output: list[str]) -> str | None:
-        text = [line.strip() for line in output if line.strip()]
-        return text[0] if text else None
+        return parse_nvml_version(output)
+
+
+def parse_nvml_version(lines: Sequence[str]) -> str | None:
+    """The driver version of the first `libnvidia-ml.so.<version>` path in `lines` (not `.so.1`)."""
+    for line in lines:
+        match = _NVML_VERSION.search(line.strip().rsplit("/", 1)[-1])
+        if match is not None:
+            return match[1]
+    return None

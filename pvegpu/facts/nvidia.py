@@ -12,6 +12,7 @@ flavour and `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  ...` for
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -156,3 +157,21 @@ class CudaAptSource(FactBase[AptSource]):
     @override
     def process(self, output: list[str]) -> AptSource:
         return parse_apt_source(output)
+
+
+def char_devices_command(paths: Sequence[str]) -> str:
+    """A command printing each of `paths` that is a character device, one per line (always exit 0)."""
+    quoted = " ".join(shlex.quote(path) for path in paths)
+    return f'for f in {quoted}; do [ -c "$f" ] && echo "$f"; done; true'
+
+
+class CharDevices(FactBase[frozenset[str]]):
+    """Which of `paths` exist as character devices (the NVIDIA device nodes)."""
+
+    @override
+    def command(self, paths: Sequence[str]) -> str:
+        return char_devices_command(paths)
+
+    @override
+    def process(self, output: list[str]) -> frozenset[str]:
+        return frozenset(line.strip() for line in output if line.strip())

@@ -1,4 +1,4 @@
-"""The NVIDIA driver an operator declares for the serving host (VM guest, or the host itself): key `driver`.
+"""The NVIDIA driver an operator declares for a serving host (VM guest, container, the host): key `driver`.
 
     ("gpu-vm", {"node": {...}, "driver": {"version": "580.95.05", "allow_reboot": True}})
 

@@ -21,6 +21,9 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?")
 _VOLUME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*:vztmpl/[^\s,]+")
 _STORAGE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*")
 _BRIDGE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,14}")
+_PUBLIC_KEY = re.compile(
+    r"(ssh-(ed25519|rsa|dss)|ecdsa-sha2-nistp\d+|sk-\S+@openssh\.com) [A-Za-z0-9+/]+=* ?[^\n]*"
+)
 
 
 class LxcSpec(BaseModel):
@@ -62,3 +65,10 @@ class LxcSpec(BaseModel):
         default=44, ge=0, description="Group id the GPU device nodes get inside the container (`video`: 44)."
     )
     onboot: StrictBool = Field(default=True, description="Start the container when the node boots.")
+    ssh_public_keys: tuple[Annotated[str, matching(_PUBLIC_KEY, "an OpenSSH public key line")], ...] = Field(
+        default=(),
+        description=(
+            "OpenSSH public keys for root in the container (only on create, `ssh-public-keys`): how pyinfra "
+            "reaches it as an `lxc_guests` host."
+        ),
+    )

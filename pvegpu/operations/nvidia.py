@@ -7,7 +7,7 @@ Package installation, the nouveau drop-in and nvidia-persistenced use pyinfra's 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator, Sequence
 
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
@@ -18,16 +18,24 @@ from pyinfra.context import host
 
 from pvegpu.facts.nvidia import (
     GPU_QUERY,
+    CharDevices,
     CudaAptSource,
     NvidiaGpus,
     NvidiaModule,
+    char_devices_command,
     parse_nvidia_smi,
     parse_version_file,
 )
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.operations.files import write_file
 from pvegpu.operations.reboot import REBOOT
-from pvegpu.plan.driver import KEYRING, module_mismatch, verify_problems
+from pvegpu.plan.driver import (
+    DEVICES_SERVICE,
+    KEYRING,
+    container_module_problem,
+    module_mismatch,
+    verify_problems,
+)
 
 KEYRING_DOWNLOAD = "/tmp/pvegpu-cuda-keyring.deb"
 _REBOOT_DELAY_S = 5.0
@@ -71,11 +79,19 @@ def _read_module(target: Host, version_file: str) -> str:
 
 @operation()
 def driver_module(
-    *, driver: DriverSpec, installing: bool
+    *, driver: DriverSpec, installing: bool, container: bool = False
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """The pinned module loaded: noop when it is (and nothing is being installed); otherwise, after the
-    packages are installed, check again and reboot when allowed (then wait and check), or fail saying why."""
+    packages are installed, check again and reboot when allowed (then wait and check), or fail saying why.
+
+    `container`: the module is the host's; never reboot, fail naming both versions when it differs."""
     loaded = host.get_fact(NvidiaModule, version_file=driver.version_file)
+    if container:
+        problem = container_module_problem(driver, loaded)
+        if problem is not None:
+            raise OperationError(problem)
+        host.noop(f"the host's {driver.flavour} NVIDIA kernel module {driver.version} is loaded")
+        return
     if not installing and module_mismatch(driver, loaded) is None:
         host.noop(f"the {driver.flavour} NVIDIA kernel module {driver.version} is loaded")
         return
@@ -162,3 +178,32 @@ def driver_verified(
             raise OperationError("; ".join(found))
 
     yield FunctionCommand(verify, (), {})
+
+
+@operation()
+def device_nodes_present(*, nodes: Sequence[str], installing: bool) -> Generator[FunctionCommand, None, None]:
+    """Every path in `nodes` is a character device: from the fact when nothing is being installed (noop, or
+    fail naming the missing ones); after an installation, checked on the host once the unit has run."""
+
+    def missing(present: Collection[str]) -> str | None:
+        absent = [path for path in nodes if path not in present]
+        if not absent:
+            return None
+        return f"missing NVIDIA device nodes: {', '.join(absent)} ({DEVICES_SERVICE} creates them)"
+
+    if not installing:
+        present: frozenset[str] = host.get_fact(CharDevices, paths=tuple(nodes))
+        problem = missing(present)
+        if problem is not None:
+            raise OperationError(problem)
+        host.noop(f"{len(nodes)} NVIDIA device nodes exist ({nodes[0]} .. {nodes[-1]})")
+        return
+
+    def check(state: State, host: Host) -> None:
+        del state
+        _, output = host.run_shell_command(StringCommand(char_devices_command(nodes)), print_output=False)
+        problem = missing(output.stdout_lines)
+        if problem is not None:
+            raise OperationError(problem)
+
+    yield FunctionCommand(check, (), {})

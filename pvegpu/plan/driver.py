@@ -1,5 +1,19 @@
-"""Pure decisions of the NVIDIA driver role: which CUDA repository, whether the flavour fits the GPUs,
-whether the loaded module is the pinned one, and what verification found.
+"""Pure decisions of the NVIDIA driver role: which CUDA repository, which packages where, whether the
+flavour fits the GPUs, whether the loaded module is the pinned one, and what verification found.
+
+Where the driver goes (`Placement`) decides its packages, all from NVIDIA's CUDA repository and pinned to
+one build by apt preferences (Debian's own packages are too old for Blackwell):
+- `guest` (a VM's guest, a bare-metal Debian/Ubuntu host): `nvidia-open` (kernel module through dkms,
+  userspace, persistenced) with `dkms` and the running kernel's `linux-headers-*`.
+- `pve-host` (a Proxmox node serving itself or its containers): the same driver, `nvidia-modprobe` (the
+  boot unit creates the device nodes with it), and Proxmox's headers: `proxmox-headers-<running kernel>`
+  and `proxmox-default-headers`, which follows the default kernel, so dkms builds the module for every
+  new Proxmox kernel before it boots. apt + dkms rather than NVIDIA's `.run` installer: dpkg tracks every
+  file, the version is held by apt preferences, and the container takes exactly the same build from the
+  same repository.
+- `container` (an LXC container on the host's module): userspace only, `nvidia-driver-cuda` without
+  recommends; an apt preferences file forbids every kernel module package, so apt fails loudly rather
+  than ever putting a module (or dkms) into the container.
 
 No I/O. Problems are operator-facing lines naming the `driver.*` field or the host state that is wrong.
 """
@@ -7,6 +21,7 @@ No I/O. Problems are operator-facing lines naming the `driver.*` field or the ho
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from pvegpu.facts.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
@@ -26,6 +41,29 @@ CUDA_DISTROS = {
     ("ubuntu", "24.04"): "ubuntu2404",
 }
 PACKAGE = {"open": "nvidia-open", "proprietary": "cuda-drivers"}
+USERSPACE_PACKAGE = "nvidia-driver-cuda"
+MODULES_LOAD = "/etc/modules-load.d/pvegpu-nvidia.conf"
+DEVICES_SERVICE = "pvegpu-nvidia-devices.service"
+DEVICES_UNIT = f"/etc/systemd/system/{DEVICES_SERVICE}"
+# Never installed in a container: the module is the host's (Pin-Priority -1 in its apt preferences).
+KERNEL_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-open", "cuda-drivers", "dkms")
+Placement = Literal["guest", "pve-host", "container"]
+
+
+def driver_packages(driver: DriverSpec, placement: Placement, kernel: str) -> tuple[str, ...]:
+    """The apt package arguments for `placement` on a host running `kernel` (module docstring)."""
+    pinned = driver.package_version
+    if placement == "container":
+        return (f"{USERSPACE_PACKAGE}={pinned}",)
+    if placement == "pve-host":
+        return (
+            f"{PACKAGE[driver.flavour]}={pinned}",
+            f"nvidia-modprobe={pinned}",
+            "dkms",
+            f"proxmox-headers-{kernel}",
+            "proxmox-default-headers",
+        )
+    return (f"{PACKAGE[driver.flavour]}={pinned}", "dkms", f"linux-headers-{kernel}")
 
 
 def cuda_distro(os_id: str | None, version_id: str | None) -> str:
@@ -73,6 +111,23 @@ def module_mismatch(driver: DriverSpec, loaded: LoadedModule | None) -> str | No
         return (
             f"the loaded kernel module is the {loaded.flavour} {loaded.version}, "
             f"not the pinned {driver.flavour} {driver.version}"
+        )
+    return None
+
+
+def container_module_problem(driver: DriverSpec, loaded: LoadedModule | None) -> str | None:
+    """In a container the module is the host's: why it cannot serve the pinned userspace (None when it
+    can), naming both versions."""
+    if loaded is None:
+        return (
+            f"the host has no NVIDIA kernel module loaded ({driver.version_file} is absent): deploy the "
+            f"host (profile lxc) first"
+        )
+    if (loaded.flavour, loaded.version) != (driver.flavour, driver.version):
+        return (
+            f"driver version mismatch: host kernel module {loaded.flavour} {loaded.version}, container "
+            f"userspace {driver.flavour} {driver.version} ({DRIVER_KEY}.version must be the host "
+            f"module's version)"
         )
     return None
 

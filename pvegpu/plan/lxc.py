@@ -135,6 +135,7 @@ def create_keys(spec: LxcSpec) -> dict[str, str]:
         "rootfs": f"{spec.storage}:{spec.rootfs_gib}",
         "unprivileged": "1" if spec.unprivileged else "0",
         "net0": f"name=eth0,bridge={spec.bridge},ip=dhcp",
+        **({"ssh-public-keys": "\n".join(spec.ssh_public_keys) + "\n"} if spec.ssh_public_keys else {}),
     }
 
 

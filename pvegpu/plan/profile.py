@@ -63,3 +63,17 @@ def profile_functions(profile: str, hw: HostHardware, selector: GpuSelector) -> 
     if topology.problems:
         raise PlanError("node.gpus.count: " + "; ".join(topology.problems))
     return tuple(sorted(address for gpu in topology.gpus for address in gpu.functions))
+
+
+def held_by_vfio(profile: str, hw: HostHardware, functions: Sequence[str], allow_reboot: bool) -> str | None:
+    """Why the host driver cannot take the GPUs in this run (None when it can): on `lxc` / `baremetal`, GPU
+    functions still bound to vfio-pci free only at a reboot, which `allow_reboot` false forbids."""
+    if profile == "vm" or allow_reboot:
+        return None
+    held = [address for address in functions if hw.by_address[address].driver == "vfio-pci"]
+    if not held:
+        return None
+    return (
+        f"profile {profile}: {', '.join(held)} still bound to vfio-pci until the host reboots "
+        "(pve_host.allow_reboot is false): not installing the host driver or serving yet"
+    )

@@ -35,12 +35,12 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         )
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
-        # Run 1 changes the node's 6 operations (host, mappings, VM); run 2 changes 19 operations on the new
-        # guest (driver, SGLang) and none on the node (its 6, plus the guest's already-present venv package);
-        # the doctor changes nothing.
+        # Run 1 changes 6 of the node's 7 operations (host, mappings, VM; no host driver to park); run 2
+        # changes 19 operations on the new guest (driver, SGLang) and none on the node (its 7, plus the
+        # guest's already-present venv package); the doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
-            ("6", "6", "-", "-"),
-            ("26", "19", "-", "7"),
+            ("7", "6", "-", "1"),
+            ("27", "19", "-", "8"),
             ("-", "-", "-", "-"),
         ]
         gpus = re.findall(r"^(gpu\d)  (\S+)  10de:2bb1 10de:204b .* passable$", output, re.MULTILINE)

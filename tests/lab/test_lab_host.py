@@ -56,17 +56,6 @@ def reboots(node: hosts.LabHost) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-def vfio_drivers(node: hosts.LabHost) -> set[str | None]:
-    manifest = node.manifest()
-    sysfs = node.root / node.sysfs_root.lstrip("/")
-    drivers: set[str | None] = set()
-    for gpu in manifest["gpus"]:
-        for address in gpu["functions"]:
-            link = sysfs / "bus/pci/devices" / address / "driver"
-            drivers.add(Path(link.readlink()).name if link.is_symlink() else None)
-    return drivers
-
-
 @pytest.mark.parametrize(
     ("layout", "mode"), [("grub", "netns"), ("systemd-boot", "nspawn")], ids=["grub", "systemd-boot"]
 )
@@ -89,7 +78,7 @@ def test_create_reboots_once_verifies_then_noop(
     assert reboots(node) == 1
     running = boot.running_cmdline_file(node).read_text().split()
     assert running[-3:] == [*tokens(), "quiet"] if layout == "grub" else running[-2:] == list(tokens())
-    assert vfio_drivers(node) == {"vfio-pci"}
+    assert set(node.gpu_drivers().values()) == {"vfio-pci"}
     modprobe = read(node, "/etc/modprobe.d/pvegpu-vfio.conf")
     assert "options vfio-pci ids=10de:22e8,10de:2bb1\n" in modprobe
     if layout == "systemd-boot":
@@ -227,7 +216,7 @@ def test_create_lxc_profile_wants_only_iommu_pt_and_no_vfio(
         f"[{node.name}] reboot required: /proc/cmdline lacks iommu=pt "
         "(pve_host.allow_reboot is false: not rebooting)\n"
     ) in run.stderr
-    assert vfio_drivers(node) == {"nvidia", "snd_hda_intel"}
+    assert set(node.gpu_drivers().values()) == {"nvidia", "snd_hda_intel"}
 
 
 def test_doctor_reports_host_checks_and_writes_json(

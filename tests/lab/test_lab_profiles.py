@@ -1,11 +1,17 @@
 """Switching profiles with deploy/site.py on a Proxmox lab node (pvesh stand-in, lab hypervisor, GRUB layout,
-reboot stand-in): a fresh `vm` deploy -> `baremetal` (refused to stop the running VM without
-`allow_reboot`, saying so; then with it: VM stopped, `onboot: 0`, vfio binding and `amd_iommu=on`/
-`intel_iommu=on` gone, `iommu=pt` kept, GPUs off vfio-pci after the reboot) -> `vm` again, which ends with
-the same managed files and API state as the fresh deploy. Each step's second run changes nothing.
+reboot stand-in, real systemd under nspawn, the stand-in NVIDIA apt repository and SGLang):
 
-The serving roles (driver, SGLang) are not part of these runs: tests/lab/inventories/host_role.py puts
-the node in `pve_nodes` only, so site.py runs the host and VM side of the switch.
+- a fresh `vm` deploy -> `baremetal` (refused to stop the running VM without `allow_reboot`, saying so;
+  then with it: VM stopped, `onboot: 0`, vfio binding and `<vendor>_iommu=on` gone, `iommu=pt` kept, the
+  host driver built for the Proxmox kernel with its device nodes, SGLang serving from the host) -> `vm`
+  again (host driver parked and blacklisted, GPUs on vfio-pci), which ends with the same managed files,
+  device nodes, units and API state as the fresh deploy;
+- the same for `vm` -> `lxc` -> `vm`: the container created with a device entry per GPU, started as a real
+  lab host with those nodes, its userspace driver at the host module's version and SGLang inside it, the
+  drift check reporting both versions when they differ.
+
+Each step's runs repeat until the step is complete (a container is a host only once it is up: one run
+more), and the next run changes nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from lab import boot, hosts
+from lab import boot, guest_payload, hosts
 from lab.pve import node as pve_node
+from pvegpu.facts.nvidia import parse_version_file
 
 pytestmark = pytest.mark.lab
 
@@ -35,6 +42,27 @@ MANAGED = (
     "/etc/pvegpu/cmdline-tokens",
     "/etc/pve/mapping/pci.cfg",
     "/etc/pve/qemu-server/100.conf",
+    "/etc/modules-load.d/pvegpu-nvidia.conf",
+    "/etc/systemd/system/pvegpu-nvidia-devices.service",
+    "/etc/systemd/system/sglang.service",
+    "/etc/pvegpu/sglang.env",
+)
+UNITS = ("sglang.service", "pvegpu-nvidia-devices.service", "nvidia-persistenced.service")
+DRIVER = "580.95.05"
+# The node's driver comes from the stand-in repository; its module reports where the lab's version file is.
+LAB_DRIVER = {
+    "repository": guest_payload.REPOSITORY_URL,
+    "version_file": guest_payload.VERSION_FILE,
+    "allow_reboot": True,
+}
+SERVING = {
+    "driver": LAB_DRIVER,
+    "sglang": {"pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR], "start_timeout_s": 60},
+}
+NODES_OF_8 = (
+    *(f"/dev/nvidia{n} character special file c3:{n:x}" for n in range(8)),
+    "/dev/nvidia-modeset character special file c3:fe",
+    "/dev/nvidiactl character special file c3:ff",
 )
 
 HOST = "Prepare the Proxmox host | "
@@ -46,21 +74,30 @@ SYNC = "Sync the PCI mappings | Sync the PCI mappings with the live IOMMU groups
 VM = "Create and start the Q35 VM | Create or converge the Q35 VM"
 START = "Create and start the Q35 VM | Start the VM and wait until it runs"
 PARK = "Stop the Q35 VM for a host-driver profile | Stop the VM and keep it from starting at boot"
+DRIVER_PARK = (
+    "Park the host's NVIDIA driver for the vm profile | "
+    "Stop and disable what loads or uses the host driver at boot"
+)
 CT_PARK = "Stop the GPU container for another profile | Stop the container and keep it from starting at boot"
 CT = "Create and start the GPU container | "
 CT_CONFIG = CT + "Create or converge the container with the GPU device entries"
 CT_RAW = CT + "Write the raw lxc lines (devices before Proxmox 8.1, /dev/shm)"
 CT_START = CT + "Start the container"
 CT_DRIVER = CT + "Check the container's driver equals the host's kernel module"
+NV = "Install the NVIDIA driver | "
+NV_PACKAGES = NV + f"Install the open NVIDIA driver with its kernel module (dkms) {DRIVER}"
+NV_USERSPACE = NV + f"Install the open NVIDIA userspace (no kernel module) {DRIVER}"
+NV_DEVICES = NV + "Check the NVIDIA device nodes containers bind"
+NV_VERIFY = NV + "Verify the GPUs, module flavour and version"
 CONTAINER = {"lxc": {"vmid": 200, "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"}}
-# What the host's nvidia driver creates (stand-ins: the lab node has no driver; Proxmox checks they exist).
-NVIDIA_NODES = [
-    *(f"/dev/nvidia{n} c 195 {n}" for n in range(8)),
-    "/dev/nvidiactl c 195 255",
-    "/dev/nvidia-modeset c 195 254",
-    "/dev/nvidia-uvm c 508 0",
-    "/dev/nvidia-uvm-tools c 508 1",
-]
+VM_OPS = {
+    CMDLINE: "success",
+    VFIO: "success",
+    REBOOT: "success",
+    SYNC: "success",
+    VM: "success",
+    START: "success",
+}
 
 
 @pytest.fixture
@@ -78,47 +115,63 @@ def site(
     *,
     allow: bool = True,
     more: dict[str, Any] | None = None,
-) -> tuple[dict[str, str], str]:
-    """(operation name -> outcome, stderr) of deploy/site.py on `node` with `profile` (+ `more` data)."""
-    extra = {"node": {"profile": profile}, "pve_host": {"allow_reboot": allow}, **(more or {})}
+    also: tuple[str, ...] = (),
+    check: bool = True,
+) -> tuple[dict[str, str], str, str]:
+    """(operation name -> outcome on `node`, stderr, stdout) of deploy/site.py on `node` (and the hosts
+    `also`) with `profile` and the serving data (+ `more`)."""
+    extra = {"node": {"profile": profile}, "pve_host": {"allow_reboot": allow}, **SERVING, **(more or {})}
     monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps(extra))
-    result = cli("--json", "-y", "--limit", node.name, INVENTORY, "deploy/site.py", check=False)
-    assert result.returncode == 0, result.stderr
+    limits = [arg for name in (node.name, *also) for arg in ("--limit", name)]
+    result = cli("--json", "-y", *limits, INVENTORY, "deploy/site.py", check=False)
+    if check:
+        assert result.returncode == 0, result.stderr
+    elif result.returncode != 0:
+        return {}, result.stderr, result.stdout  # pyinfra prints no --json results after an error
+    return outcomes(result.stdout, node.name), result.stderr, result.stdout
+
+
+def outcomes(stdout: str, name: str) -> dict[str, str]:
+    """Operation name -> `success`, `error` and/or `no_change` for host `name` in pyinfra's --json output."""
     outcome = {}
-    for op in json.loads(result.stdout)["results"]["operations"]:
-        outcome[op["name"]] = "+".join(kind for kind in ("success", "error", "no_change") if op[kind])
-    return outcome, result.stderr
+    for op in json.loads(stdout)["results"]["operations"]:
+        kinds = [kind for kind in ("success", "error", "no_change") if name in op[kind]]
+        if kinds:
+            outcome[op["name"]] = "+".join(kinds)
+    return outcome
+
+
+def ssh(host: hosts.LabHost, command: str) -> str:
+    return subprocess.run(hosts.ssh_argv(host, command), check=True, capture_output=True, text=True).stdout
 
 
 def pvesh(node: hosts.LabHost, command: str) -> Any:
-    argv = hosts.ssh_argv(node, f"pvesh {command} --output-format json")
-    return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
-
-
-def drivers(node: hosts.LabHost) -> dict[str, str | None]:
-    """GPU function -> the driver bound to it on the node's sysfs."""
-    sysfs = node.root / node.sysfs_root.lstrip("/") / "bus/pci/devices"
-    bound = {}
-    for gpu in node.manifest()["gpus"]:
-        for address in gpu["functions"]:
-            link = sysfs / address / "driver"
-            bound[address] = link.readlink().name if link.is_symlink() else None
-    return bound
+    return json.loads(ssh(node, f"pvesh {command} --output-format json"))
 
 
 def state(node: hosts.LabHost) -> dict[str, Any]:
-    """The node's managed files, running command line, GPU drivers and the VM's status."""
+    """The node's managed files, running command line, GPU drivers, loaded module, NVIDIA device nodes,
+    driver units and the VM's status."""
     files = {}
     for path in MANAGED:
         file = node.root / path.lstrip("/")
         files[path] = file.read_text() if file.is_file() else None
+    module = node.root / guest_payload.VERSION_FILE.lstrip("/")
+    units = ssh(node, f"systemctl is-active {' '.join(UNITS)} || true").split()
     return {
         "files": files,
         "running": boot.running_cmdline_file(node).read_text(),
-        "drivers": drivers(node),
+        "drivers": node.gpu_drivers(),
+        "module": loaded.version if (loaded := parse_version_file(lines(module))) else None,
+        "device nodes": ssh(node, "stat -c '%n %F %t:%T' /dev/nvidia* 2>/dev/null || true").splitlines(),
+        "units": dict(zip(UNITS, units, strict=True)),
         "vm": pvesh(node, f"get /nodes/{node.name}/qemu/100/status/current")["status"],
         "guest up": any(host.name == f"{node.name}v100" for host in hosts.list_hosts()),
     }
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
 
 
 def reboots(node: hosts.LabHost) -> int:
@@ -129,32 +182,77 @@ def cpu_vendor() -> str:
     return "amd" if "AuthenticAMD" in Path("/proc/cpuinfo").read_text() else "intel"
 
 
-def test_switch_vm_baremetal_vm_ends_as_a_fresh_vm_deploy(
-    pve_name: str, pyinfra_cli: Cli, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    node = pve_node.up(pve_name, "reference")
+def lab_node(name: str) -> hosts.LabHost:
+    """A Proxmox lab node under real systemd with GRUB and the stand-in NVIDIA repository."""
+    node = pve_node.up(name, "reference", mode="nspawn")
     boot.install(node, "grub")
-    vendor = cpu_vendor()
+    guest_payload.install(node)
+    return node
 
-    fresh, _ = site(pyinfra_cli, monkeypatch, node, "vm")
 
-    assert fresh == {
-        CMDLINE: "success",
-        VFIO: "success",
-        REBOOT: "success",
-        SYNC: "success",
-        VM: "success",
-        START: "success",
-    }
+def fresh_vm(cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost) -> dict[str, Any]:
+    """A fresh `vm` deploy and its second run; the state it leaves."""
+    fresh, _, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
+    assert {op: fresh[op] for op in VM_OPS} == VM_OPS
+    assert (fresh[CT_PARK], fresh[DRIVER_PARK]) == ("no_change", "no_change")
     fresh_state = state(node)
     assert fresh_state["vm"] == "running"
     assert set(fresh_state["drivers"].values()) == {"vfio-pci"}
-    again, _ = site(pyinfra_cli, monkeypatch, node, "vm")
+    assert (fresh_state["module"], fresh_state["device nodes"]) == (None, [])
+    again, _, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(again.values()) == {"no_change"}
     assert state(node) == fresh_state
+    return fresh_state
+
+
+def host_driver_installed(outcome: dict[str, str]) -> None:
+    """The `pve-host` driver steps of a first `lxc` / `baremetal` run."""
+    assert outcome[NV_PACKAGES] == "success"
+    assert outcome[NV + "Load the NVIDIA modules at boot"] == "success"
+    assert outcome[NV + "Write pvegpu-nvidia-devices.service (device nodes before guests start)"] == "success"
+    assert outcome[NV + "Enable and run pvegpu-nvidia-devices.service"] == "success"
+    assert (outcome[NV_DEVICES], outcome[NV_VERIFY]) == ("success", "success")
+
+
+def host_driver_state(node: hosts.LabHost, uvm: str) -> dict[str, Any]:
+    """The node on its own driver: GPUs on nvidia, audio on snd_hda_intel, module loaded, every node."""
+    now = state(node)
+    assert now["drivers"] == {a: ("nvidia" if a.endswith(".0") else "snd_hda_intel") for a in now["drivers"]}
+    assert now["module"] == DRIVER
+    assert sorted(now["device nodes"]) == sorted(
+        [
+            *NODES_OF_8,
+            f"/dev/nvidia-uvm character special file {uvm}:0",
+            f"/dev/nvidia-uvm-tools character special file {uvm}:1",
+        ]
+    )
+    assert now["units"]["pvegpu-nvidia-devices.service"] == "active"
+    assert now["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] is None
+    running = now["running"].split()
+    assert "iommu=pt" in running
+    assert f"{cpu_vendor()}_iommu=on" not in running
+    return now
+
+
+def models(host: hosts.LabHost) -> list[str]:
+    """The model ids SGLang serves on `host` (its /v1/models)."""
+    script = "import json, urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/v1/models').read().decode())"
+    return [model["id"] for model in json.loads(ssh(host, f'python3 -c "{script}"'))["data"]]
+
+
+def uvm_major(node: hosts.LabHost) -> str:
+    """The stand-in's nvidia-uvm major, in stat's hex."""
+    return ssh(node, "stat -c '%t' /dev/nvidia-uvm").strip()
+
+
+def test_switch_vm_baremetal_vm_ends_as_a_fresh_vm_deploy(
+    pve_name: str, pyinfra_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = lab_node(pve_name)
+    fresh_state = fresh_vm(pyinfra_cli, monkeypatch, node)
 
     # baremetal, not allowed to reboot: the running VM is not stopped, and the run says what it would do.
-    held, log = site(pyinfra_cli, monkeypatch, node, "baremetal", allow=False)
+    held, log, _ = site(pyinfra_cli, monkeypatch, node, "baremetal", allow=False)
 
     assert (
         f"[{pve_name}] profile baremetal: VM 100 is running on {pve_name} with the GPUs; would stop it and "
@@ -162,75 +260,84 @@ def test_switch_vm_baremetal_vm_ends_as_a_fresh_vm_deploy(
     ) in log
     assert held[PARK] == "no_change"
     assert held[REBOOT] == "no_change"
+    # The GPUs stay on vfio-pci: no host driver, no serving yet, and the run says why.
+    assert not [op for op in held if op.startswith((NV, "Serve the model"))]
+    assert (f"[{pve_name}] profile baremetal: 0000:41:00.0, 0000:41:00.1, 0000:51:00.0") in log
+    assert (
+        "still bound to vfio-pci until the host reboots (pve_host.allow_reboot is false): not installing "
+        "the host driver or serving yet\n"
+    ) in log
     assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/status/current")["status"] == "running"
     assert reboots(node) == 1
 
-    baremetal, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")
+    baremetal, _, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")
 
-    assert baremetal == {PARK: "success", CMDLINE: "no_change", NO_VFIO: "no_change", REBOOT: "success"}
-    bare = state(node)
+    assert {op: baremetal[op] for op in (PARK, CMDLINE, NO_VFIO, REBOOT)} == {
+        PARK: "success",
+        CMDLINE: "no_change",
+        NO_VFIO: "no_change",
+        REBOOT: "success",
+    }
+    host_driver_installed(baremetal)
+    assert baremetal["Serve the model with SGLang | Wait for /health and /v1/models"] == "success"
+    bare = host_driver_state(node, uvm_major(node))
     assert (bare["vm"], bare["guest up"]) == ("stopped", False)
     assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/config")["onboot"] == 0
-    assert bare["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] is None
-    assert bare["files"]["/etc/modules-load.d/pvegpu-vfio.conf"] is None
+    assert bare["units"] == dict.fromkeys(UNITS, "active")
     assert (
         'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"\n'
         in bare["files"]["/etc/default/grub.d/pvegpu.cfg"]
     )
-    running = bare["running"].split()
-    assert "iommu=pt" in running
-    assert f"{vendor}_iommu=on" not in running
-    # No host driver on the node: the GPUs come back unbound, their audio functions on snd_hda_intel.
-    assert bare["drivers"] == {a: (None if a.endswith(".0") else "snd_hda_intel") for a in bare["drivers"]}
     assert bare["files"]["/etc/pve/mapping/pci.cfg"] == fresh_state["files"]["/etc/pve/mapping/pci.cfg"]
-    settled, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")
+    # The host itself serves, with the P2P plan.
+    assert "NCCL_P2P_LEVEL=" in (bare["files"]["/etc/pvegpu/sglang.env"] or "")
+    assert models(node) == ["glm-5"]
+    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")
     assert set(settled.values()) == {"no_change"}
     assert reboots(node) == 2
 
-    back, _ = site(pyinfra_cli, monkeypatch, node, "vm")
+    back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm")
 
-    assert back == {
-        CMDLINE: "success",
-        VFIO: "success",
-        REBOOT: "success",
-        SYNC: "no_change",
-        VM: "success",
-        START: "success",
-    }
+    assert back[DRIVER_PARK] == "success"
+    assert {op: back[op] for op in VM_OPS} == {**VM_OPS, SYNC: "no_change"}
     assert state(node) == fresh_state
-    settled, _ = site(pyinfra_cli, monkeypatch, node, "vm")
+    # The driver stays installed, blacklisted by the vfio drop-in, and is not loaded.
+    assert "ii  nvidia-open" in ssh(node, "dpkg -l nvidia-open")
+    assert "blacklist nvidia\n" in (fresh_state["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] or "")
+    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm")
     assert set(settled.values()) == {"no_change"}
     assert reboots(node) == 3
 
 
-def test_switch_vm_lxc_vm_container_with_every_gpu_then_fresh_vm_state(
-    pve_name: str,
-    pyinfra_cli: Cli,
-    lab_ssh: Callable[[hosts.LabHost, str], str],
-    monkeypatch: pytest.MonkeyPatch,
+def test_switch_vm_lxc_vm_container_serves_on_the_host_driver_then_fresh_vm_state(
+    pve_name: str, pyinfra_cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = pve_node.up(pve_name, "reference")
-    boot.install(node, "grub")
-    lab_ssh(node, "; ".join(f"mknod -m 666 {spec}" for spec in NVIDIA_NODES))
+    node = lab_node(pve_name)
+    fresh_state = fresh_vm(pyinfra_cli, monkeypatch, node)
+    container = f"{pve_name}c200"
 
-    fresh, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
+    lxc, log, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
 
-    assert fresh[CT_PARK] == "no_change"  # no container yet
-    assert fresh[START] == "success"
-    fresh_state = state(node)
-
-    lxc, log = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
-
-    assert lxc == {
+    assert {op: lxc[op] for op in (PARK, CMDLINE, NO_VFIO, REBOOT)} == {
         PARK: "success",
         CMDLINE: "success",
         NO_VFIO: "success",
         REBOOT: "success",
-        CT_CONFIG: "success",
-        CT_RAW: "success",
-        CT_START: "success",
-        CT_DRIVER: "no_change",
     }
+    host_driver_installed(lxc)
+    assert (lxc[CT_CONFIG], lxc[CT_RAW], lxc[CT_START], lxc[CT_DRIVER]) == (
+        "success",
+        "success",
+        "success",
+        "no_change",
+    )
+    # Read before this run installed anything: nothing to compare yet, and the run says so.
+    assert (
+        f"[{pve_name}] CT 200: the host has no NVIDIA kernel module loaded: the container's driver has "
+        "nothing to match\n"
+    ) in log
+    uvm = uvm_major(node)
+    host_driver_state(node, uvm)
     config = pvesh(node, f"get /nodes/{pve_name}/lxc/200/config")
     assert {key: value for key, value in config.items() if key.startswith("dev")} == {
         **{f"dev{n}": f"/dev/nvidia{n},gid=44" for n in range(8)},
@@ -241,29 +348,68 @@ def test_switch_vm_lxc_vm_container_with_every_gpu_then_fresh_vm_state(
     }
     assert config["lxc"] == [["lxc.mount.entry", "tmpfs dev/shm tmpfs size=16G,nosuid,nodev,create=dir 0 0"]]
     assert pvesh(node, f"get /nodes/{pve_name}/lxc/200/status/current")["status"] == "running"
-    assert (state(node)["vm"], state(node)["files"]["/etc/modprobe.d/pvegpu-vfio.conf"]) == ("stopped", None)
-    # The lab node has no NVIDIA driver: nothing to compare yet, and the run says so.
+    ct = hosts.get_host(container)
+    # The container has every node of the host, with the host's numbers.
+    assert sorted(ssh(ct, "stat -c '%n %F %t:%T' /dev/nvidia*").splitlines()) == sorted(
+        [
+            *NODES_OF_8,
+            f"/dev/nvidia-uvm character special file {uvm}:0",
+            f"/dev/nvidia-uvm-tools character special file {uvm}:1",
+        ]
+    )
+
+    # The container is a host now: its userspace driver and SGLang; the node changes nothing.
+    inside, _, stdout = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER, also=(container,))
+    assert set(inside.values()) == {"no_change"}
+    served = outcomes(stdout, container)
+    assert (served[NV_USERSPACE], served[NV + "Check the host's kernel module is the pinned one"]) == (
+        "success",
+        "no_change",
+    )
+    assert (served[NV_VERIFY], served["Serve the model with SGLang | Wait for /health and /v1/models"]) == (
+        "success",
+        "success",
+    )
+    settled, _, stdout = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER, also=(container,))
+    assert set(settled.values()) == {"no_change"}
+    assert set(outcomes(stdout, container).values()) == {"no_change"}
+    # Userspace only: no module package, and apt refuses one.
+    assert ssh(ct, "dpkg-query -W -f '${Package} ${Version}\\n' 'nvidia-*' 'dkms' 2>/dev/null; true").split(
+        "\n"
+    ) == [f"nvidia-driver-cuda {DRIVER}-1", ""]
+    refused = subprocess.run(
+        hosts.ssh_argv(ct, "apt-get install -s nvidia-kernel-open-dkms"),
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 100
+    assert "Package 'nvidia-kernel-open-dkms' has no installation candidate" in refused.stderr
+    assert ssh(ct, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").split() == [DRIVER] * 8
+    assert models(ct) == ["glm-5"]
+
+    # Drift: another userspace build in the container is reported with both versions.
+    other = f"{guest_payload.APT_DIR}/nvidia-driver-cuda_590.48.01-1_all.deb"
+    ssh(ct, f"dpkg -i {other} >/dev/null")
+    drift, log, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER, check=False)
+    assert drift == {}  # the run failed
     assert (
-        f"[{pve_name}] CT 200: the host has no NVIDIA kernel module loaded: the container's driver has "
-        "nothing to match\n"
+        "CT 200: driver version mismatch: host kernel module 580.95.05, container userspace 590.48.01 (NVML "
+        "fails with 'Driver/library version mismatch'; install the container's userspace at 580.95.05, "
+        "without a kernel module)"
     ) in log
-    settled, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
+    ssh(ct, f"dpkg -i {guest_payload.APT_DIR}/nvidia-driver-cuda_{DRIVER}-1_all.deb >/dev/null")
+    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
     assert set(settled.values()) == {"no_change"}
 
-    back, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
+    back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
 
-    assert back == {
-        CT_PARK: "success",
-        CMDLINE: "success",
-        VFIO: "success",
-        REBOOT: "success",
-        SYNC: "no_change",
-        VM: "success",
-        START: "success",
-    }
+    assert (back[CT_PARK], back[DRIVER_PARK]) == ("success", "success")
+    assert {op: back[op] for op in VM_OPS} == {**VM_OPS, SYNC: "no_change"}
     assert state(node) == fresh_state
     # The container is kept (its disk is data), stopped and not started at boot.
     assert pvesh(node, f"get /nodes/{pve_name}/lxc/200/status/current")["status"] == "stopped"
     assert pvesh(node, f"get /nodes/{pve_name}/lxc/200/config")["onboot"] == 0
-    settled, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
+    assert container not in [host.name for host in hosts.list_hosts()]
+    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(settled.values()) == {"no_change"}

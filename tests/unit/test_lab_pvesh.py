@@ -520,3 +520,17 @@ def test_proxmoxer_command_backend_reads_the_stand_in_like_pvesh(
         "map[0]: invalid format - invalid key in comma-separated list property: ['path",
     )
     assert node.qemu(100).config.get()["numa"] == 1
+
+
+def test_lxc_create_takes_ssh_keys_outside_the_config(pve: Pve) -> None:
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake op@desk"
+    template = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
+    created = pve(
+        "create", "/nodes/pve1/lxc", "--vmid", "200", "--ostemplate", template, "--ssh-public-keys", key
+    )
+    match = UPID.fullmatch(created.out.splitlines(keepends=True)[-1])
+    assert match is not None, created
+    assert match.group(2, 3) == ("vzcreate", "200")
+    config = pve.json("get", "/nodes/pve1/lxc/200/config")
+    assert "ssh-public-keys" not in config
+    assert config["rootfs"] == "local:vm-200-disk-0,size=4G"

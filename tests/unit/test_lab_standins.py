@@ -96,7 +96,7 @@ def test_nvidia_smi_standin_lists_the_trees_gpus(
     fakesys.write_tree(tmp_path / "sys", "reference")
     version = tmp_path / "version"
     settings = tmp_path / "nvidia.env"
-    settings.write_text(f"SYSFS_ROOT={tmp_path / 'sys'}\nVERSION_FILE={version}\n")
+    settings.write_text(f"SYSFS_ROOT={tmp_path / 'sys'}\nVERSION_FILE={version}\nNVML_DIR={tmp_path}\n")
     monkeypatch.setattr(nvidia_smi, "SETTINGS", settings)
 
     assert nvidia_smi.main([]) == 9  # no module loaded yet
@@ -111,3 +111,11 @@ def test_nvidia_smi_standin_lists_the_trees_gpus(
     assert rows == [f"{i}, 0000{bus.upper()}.0, 580.95.05" for i, bus in enumerate(buses)]
     assert nvidia_smi.main(["--query-gpu=memory.total", "--format=csv"]) == 2
     assert capsys.readouterr().out == 'Field "memory.total" is not a valid field to query.\n\n'
+
+    # Userspace of another build than the loaded module: NVML refuses, as the real tool does.
+    (tmp_path / "libnvidia-ml.so.1").write_text("")
+    (tmp_path / "libnvidia-ml.so.590.48.01").write_text("")
+    assert nvidia_smi.main(["-L"]) == 18
+    assert capsys.readouterr().out == (
+        "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 590.48.01\n"
+    )

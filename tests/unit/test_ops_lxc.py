@@ -51,6 +51,21 @@ def test_spec_error_template_and_unknown_key() -> None:
     ]
 
 
+def test_create_keys_with_root_ssh_keys() -> None:
+    keys = ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake op@desk", "ssh-rsa AAAAB3NzaC1yc2E= ci")
+    spec = LxcSpec(vmid=200, ostemplate=TEMPLATE, ssh_public_keys=keys)
+    assert create_keys(spec)["ssh-public-keys"] == (
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake op@desk\nssh-rsa AAAAB3NzaC1yc2E= ci\n"
+    )
+    with pytest.raises(InventoryError) as raised:
+        spec_of(
+            {LXC_KEY: {"vmid": 200, "ostemplate": TEMPLATE, "ssh_public_keys": ["AAAA key"]}},
+            LXC_KEY,
+            LxcSpec,
+        )
+    assert str(raised.value) == "lxc.ssh_public_keys.0: 'AAAA key' is not an OpenSSH public key line"
+
+
 def test_container_config_and_create_keys() -> None:
     assert CONFIG == {
         "hostname": "llm-ct",

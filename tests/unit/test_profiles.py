@@ -19,7 +19,7 @@ from pvegpu.operations.vfio import vfio_config
 from pvegpu.operations.vm import vm_running
 from pvegpu.operations.vm_parked import maps_gpus, vm_parked
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.profile import HostProfile, host_profile, profile_functions
+from pvegpu.plan.profile import HostProfile, held_by_vfio, host_profile, profile_functions
 from pvegpu.plan.reboot import pending_reasons
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import UPID_START, FakeApi, execute, sequence, task_ok
@@ -329,3 +329,14 @@ def test_error_start_refused_when_still_unbound_at_execution() -> None:
         "(run deploy/host.py)"
     )
     assert api.writes() == []
+
+
+def test_held_by_vfio_only_without_reboot_on_host_driver_profiles() -> None:
+    on_vfio = two_cards(driver="vfio-pci")
+    assert held_by_vfio("baremetal", on_vfio, ALL[:2], allow_reboot=False) == (
+        "profile baremetal: 0000:41:00.0, 0000:41:00.1 still bound to vfio-pci until the host reboots "
+        "(pve_host.allow_reboot is false): not installing the host driver or serving yet"
+    )
+    assert held_by_vfio("lxc", on_vfio, ALL, allow_reboot=True) is None
+    assert held_by_vfio("vm", on_vfio, ALL, allow_reboot=False) is None
+    assert held_by_vfio("lxc", two_cards(driver=None), ALL, allow_reboot=False) is None

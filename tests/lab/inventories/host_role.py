@@ -1,8 +1,9 @@
-"""Lab inventory for the host-role tests: inventory/lab.py's nodes, each with extra role data.
+"""Lab inventory for the host-role and profile tests: inventory/lab.py's nodes, each with extra role data.
 
-$PVEGPU_LAB_EXTRA_DATA is a JSON object merged into every host's data (e.g.
+$PVEGPU_LAB_EXTRA_DATA is a JSON object merged into every node's data (e.g.
 `{"pve_host": {"allow_reboot": true}}`; a `node` object is merged into the node's data), validated like any
-inventory, before pyinfra connects.
+inventory, before pyinfra connects. As inventory/baremetal.py does, a `baremetal` node with `sglang` data
+serves itself (group `baremetal_hosts`); inventory/lab.py's containers are the `lxc_guests`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import runpy
 from pathlib import Path
 from typing import Any
 
+from pvegpu.guest_inventory import exit_on_invalid_guests
 from pvegpu.models.inventory import exit_on_invalid
 
 _lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
@@ -27,3 +29,7 @@ def _merged(data: dict[str, Any]) -> dict[str, Any]:
 
 
 pve_nodes = exit_on_invalid([(name, _merged(data)) for name, data in _lab["pve_nodes"]])
+baremetal_hosts = exit_on_invalid_guests(
+    [(name, data) for name, data in pve_nodes if data["node"]["profile"] == "baremetal" and "sglang" in data]
+)
+lxc_guests = _lab.get("lxc_guests", [])

@@ -1,0 +1,46 @@
+"""What the `lxc` / `baremetal` profiles left on a Proxmox host that loads or uses the NVIDIA driver at boot,
+read in one command: pvegpu's files (modules-load drop-in, device unit, SGLang unit and env file) and the
+state of the units that use the driver. The `vm` profile parks them (pvegpu/operations/host_driver.py)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS, HostDriverState, UnitState
+
+
+class HostDriverFiles(FactBase[HostDriverState]):
+    """`file <path>` for each of pvegpu's driver files that exists; `unit <name> <enabled> <active>` each."""
+
+    @override
+    def command(self) -> str:
+        paths = " ".join(shlex.quote(path) for path in DRIVER_FILES)
+        units = " ".join(shlex.quote(unit) for unit in DRIVER_UNITS)
+        return (
+            f'for f in {paths}; do [ -e "$f" ] && echo "file $f"; done; '
+            f'for u in {units}; do echo "unit $u '
+            '$(systemctl is-enabled "$u" 2>/dev/null | head -n 1) '
+            '$(systemctl is-active "$u" 2>/dev/null | head -n 1)"; done'
+        )
+
+    @override
+    def process(self, output: list[str]) -> HostDriverState:
+        return parse_host_driver(output)
+
+
+def parse_host_driver(lines: Sequence[str]) -> HostDriverState:
+    """Output of `HostDriverFiles().command()` -> HostDriverState. Pure."""
+    files: list[str] = []
+    units: list[UnitState] = []
+    for line in lines:
+        words = line.split()
+        if words[:1] == ["file"] and len(words) == 2:
+            files.append(words[1])
+        elif words[:1] == ["unit"] and len(words) >= 2:
+            states = words[2:]
+            units.append(UnitState(words[1], enabled="enabled" in states, active="active" in states))
+    return HostDriverState(files=tuple(files), units=tuple(units))

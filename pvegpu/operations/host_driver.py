@@ -1,0 +1,41 @@
+"""`host_driver_parked`: the `vm` profile's side of the host NVIDIA driver (pvegpu/plan/host_driver.py):
+the units that load or use it disabled and stopped, pvegpu's driver files removed, before the host rebinds
+the GPUs to vfio-pci. Stopping a running unit (SGLang serving from the host) is what `pve_host.allow_reboot`
+allows, as stopping the other profiles' guests; without it nothing changes and the run says what it would do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+from pyinfra import logger
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from pvegpu.facts.host_driver import HostDriverFiles
+from pvegpu.plan.host_driver import plan_host_driver_park
+
+
+@operation()
+def host_driver_parked(*, profile: str, allow_stop: bool) -> Generator[StringCommand, None, None]:
+    """Disable (`--now`) the driver units, remove pvegpu's driver files, reload systemd; noop when none is
+    left. Units running and `allow_stop` false: nothing changed; a warning and the noop say what would be."""
+    park = plan_host_driver_park(host.get_fact(HostDriverFiles))
+    if park.empty:
+        host.noop("nothing loads or uses the NVIDIA driver on this host at boot")
+        return
+    if park.running and not allow_stop:
+        message = (
+            f"profile {profile}: {', '.join(park.running)} running on the host driver; would stop and "
+            f"disable them and remove {', '.join(park.remove) or 'nothing'} "
+            "(pve_host.allow_reboot is false: not stopping them)"
+        )
+        logger.warning(f"{host.print_prefix}{message}")
+        host.noop(message)
+        return
+    if park.disable:
+        yield StringCommand("systemctl", "disable", "--now", *(QuoteString(unit) for unit in park.disable))
+    if park.remove:
+        yield StringCommand("rm", "-f", *(QuoteString(path) for path in park.remove))
+        yield StringCommand("systemctl", "daemon-reload")

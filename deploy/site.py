@@ -6,7 +6,8 @@ Proxmox nodes (`pve_nodes`); the guest of a profile not in use is stopped with `
 - `vm`: the host driver parked (what loads or serves it at boot disabled), host prepared (vfio binding
   with the nvidia blacklist, reboot if allowed), PCI mappings from the live IOMMU groups, the Q35 VM
   converged (`onboot: 1`) and started once the binding is in effect.
-- `lxc` / `baremetal`: the managed VM stopped and `onboot: 0` first (it lets go of the GPUs), then the host
+- `lxc` / `baremetal`: the managed VM stopped and `onboot: 0` first (it lets go of the GPUs; on `lxc` a
+  host SGLang service left by `baremetal` too), then the host
   prepared for its own driver (vfio binding and nvidia blacklist removed, reboot if allowed), the driver
   with its kernel module built for the Proxmox kernel and the device nodes made at boot; `lxc`: then the
   container with the GPU device entries, started, its driver checked against the host's module.
@@ -37,7 +38,7 @@ if pve_node:
         lxc_gpu_parked()
     if profile != "vm":
         q35_vm_parked()
-    else:
+    if profile != "baremetal":
         host_driver_parked_role()
     pve_host()
     if profile == "vm":

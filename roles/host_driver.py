@@ -1,6 +1,7 @@
-"""host_driver_parked: back on the `vm` profile, the host's NVIDIA driver no longer loads or serves at boot
-(units disabled and stopped, pvegpu's driver files removed; pvegpu/plan/host_driver.py says what and why).
-The vfio drop-in pve_host writes next blacklists the module, and its reboot unloads it."""
+"""host_driver_parked: what the host-driver profiles left on the host, parked for a profile that does not
+use it (pvegpu/plan/host_driver.py says what and why): on `vm` the driver no longer loads or serves at boot
+(units disabled and stopped, pvegpu's driver files removed; the vfio drop-in pve_host writes next
+blacklists the module and its reboot unloads it); on `lxc` the host's SGLang stops (the container serves)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from pvegpu.operations.host_driver import host_driver_parked
 from roles.pci_mapping import node_of
 
 
-@deploy("Park the host's NVIDIA driver for the vm profile")
+@deploy("Park what the host-driver profiles left on the host")
 def host_driver_parked_role() -> None:
     allowed = host.data.get(HOST_KEY)
     host_driver_parked(
-        name="Stop and disable what loads or uses the host driver at boot",
+        name="Stop and disable what this profile does not use on the host",
         profile=node_of(host).profile,
         allow_stop=spec_of({} if allowed is None else {HOST_KEY: allowed}, HOST_KEY, HostSpec).allow_reboot,
     )

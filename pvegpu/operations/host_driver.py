@@ -1,7 +1,8 @@
-"""`host_driver_parked`: the `vm` profile's side of the host NVIDIA driver (pvegpu/plan/host_driver.py):
-the units that load or use it disabled and stopped, pvegpu's driver files removed, before the host rebinds
-the GPUs to vfio-pci. Stopping a running unit (SGLang serving from the host) is what `pve_host.allow_reboot`
-allows, as stopping the other profiles' guests; without it nothing changes and the run says what it would do.
+"""`host_driver_parked`: the `vm` and `lxc` profiles' side of what the host-driver profiles left on the host
+(pvegpu/plan/host_driver.py): on `vm` the units that load or use the driver disabled and stopped and
+pvegpu's driver files removed, before the host rebinds the GPUs to vfio-pci; on `lxc` the host's SGLang.
+Stopping a running unit (SGLang serving from the host) is what `pve_host.allow_reboot` allows, as stopping
+the other profiles' guests; without it nothing changes and the run says what it would do.
 """
 
 from __future__ import annotations
@@ -16,18 +17,23 @@ from pyinfra.context import host
 from pvegpu.facts.host_driver import HostDriverFiles
 from pvegpu.plan.host_driver import plan_host_driver_park
 
+_NOTHING_LEFT = {
+    "vm": "nothing loads or uses the NVIDIA driver on this host at boot",
+    "lxc": "SGLang does not serve from this host (the container serves)",
+}
+
 
 @operation()
 def host_driver_parked(*, profile: str, allow_stop: bool) -> Generator[StringCommand, None, None]:
     """Disable (`--now`) the driver units, remove pvegpu's driver files, reload systemd; noop when none is
     left. Units running and `allow_stop` false: nothing changed; a warning and the noop say what would be."""
-    park = plan_host_driver_park(host.get_fact(HostDriverFiles))
+    park = plan_host_driver_park(host.get_fact(HostDriverFiles), profile)
     if park.empty:
-        host.noop("nothing loads or uses the NVIDIA driver on this host at boot")
+        host.noop(_NOTHING_LEFT.get(profile, "nothing to park"))
         return
     if park.running and not allow_stop:
         message = (
-            f"profile {profile}: {', '.join(park.running)} running on the host driver; would stop and "
+            f"profile {profile}: {', '.join(park.running)} running on the host; would stop and "
             f"disable them and remove {', '.join(park.remove) or 'nothing'} "
             "(pve_host.allow_reboot is false: not stopping them)"
         )

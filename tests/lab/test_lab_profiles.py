@@ -3,13 +3,15 @@ reboot stand-in, real systemd under nspawn, the stand-in NVIDIA apt repository a
 
 - a fresh `vm` deploy -> `baremetal` (refused to stop the running VM without `allow_reboot`, saying so;
   then with it: VM stopped, `onboot: 0`, vfio binding and `<vendor>_iommu=on` gone, `iommu=pt` kept, the
-  host driver built for the Proxmox kernel with its device nodes, SGLang serving from the host) -> `vm`
-  again (host driver parked and blacklisted, GPUs on vfio-pci), which ends with the same managed files,
-  device nodes, units and API state as the fresh deploy;
+  host driver built for the Proxmox kernel with its device nodes, SGLang serving from the host) -> `lxc`
+  (the host's SGLang parked, the driver kept, no reboot) -> `vm` again (host driver parked and
+  blacklisted, GPUs on vfio-pci), which ends with the same managed files, device nodes, units and API
+  state as the fresh deploy;
 - the same for `vm` -> `lxc` -> `vm`: the container created with a device entry per GPU, started as a real
   lab host with those nodes, its userspace driver at the host module's version and SGLang inside it, the
   drift check reporting both versions when they differ.
 
+The operator's own VM 150 and container 300 (onboot 1, stopped) are the same at the end as at the start.
 Each step's runs repeat until the step is complete (a container is a host only once it is up: one run
 more), and the next run changes nothing.
 """
@@ -47,6 +49,8 @@ MANAGED = (
     "/etc/systemd/system/sglang.service",
     "/etc/pvegpu/sglang.env",
 )
+# Not pvegpu's: a VM and a container of the operator's own, which no switch may touch.
+FOREIGN = ("/etc/pve/qemu-server/150.conf", "/etc/pve/lxc/300.conf")
 UNITS = ("sglang.service", "pvegpu-nvidia-devices.service", "nvidia-persistenced.service")
 DRIVER = "580.95.05"
 # The node's driver comes from the stand-in repository; its module reports where the lab's version file is.
@@ -75,8 +79,8 @@ VM = "Create and start the Q35 VM | Create or converge the Q35 VM"
 START = "Create and start the Q35 VM | Start the VM and wait until it runs"
 PARK = "Stop the Q35 VM for a host-driver profile | Stop the VM and keep it from starting at boot"
 DRIVER_PARK = (
-    "Park the host's NVIDIA driver for the vm profile | "
-    "Stop and disable what loads or uses the host driver at boot"
+    "Park what the host-driver profiles left on the host | "
+    "Stop and disable what this profile does not use on the host"
 )
 CT_PARK = "Stop the GPU container for another profile | Stop the container and keep it from starting at boot"
 CT = "Create and start the GPU container | "
@@ -151,9 +155,9 @@ def pvesh(node: hosts.LabHost, command: str) -> Any:
 
 def state(node: hosts.LabHost) -> dict[str, Any]:
     """The node's managed files, running command line, GPU drivers, loaded module, NVIDIA device nodes,
-    driver units and the VM's status."""
+    driver units, the VM's status, and the operator's own VM and container (files and status)."""
     files = {}
-    for path in MANAGED:
+    for path in (*MANAGED, *FOREIGN):
         file = node.root / path.lstrip("/")
         files[path] = file.read_text() if file.is_file() else None
     module = node.root / guest_payload.VERSION_FILE.lstrip("/")
@@ -166,6 +170,10 @@ def state(node: hosts.LabHost) -> dict[str, Any]:
         "device nodes": ssh(node, "stat -c '%n %F %t:%T' /dev/nvidia* 2>/dev/null || true").splitlines(),
         "units": dict(zip(UNITS, units, strict=True)),
         "vm": pvesh(node, f"get /nodes/{node.name}/qemu/100/status/current")["status"],
+        "foreign": [
+            pvesh(node, f"get /nodes/{node.name}/{kind}/{vmid}/status/current")["status"]
+            for kind, vmid in (("qemu", 150), ("lxc", 300))
+        ],
         "guest up": any(host.name == f"{node.name}v100" for host in hosts.list_hosts()),
     }
 
@@ -187,6 +195,9 @@ def lab_node(name: str) -> hosts.LabHost:
     node = pve_node.up(name, "reference", mode="nspawn")
     boot.install(node, "grub")
     guest_payload.install(node)
+    template = CONTAINER["lxc"]["ostemplate"]
+    ssh(node, f"pvesh create /nodes/{name}/qemu --vmid 150 --name other --memory 1024 --onboot 1")
+    ssh(node, f"pvesh create /nodes/{name}/lxc --vmid 300 --ostemplate {template} --onboot 1")
     return node
 
 
@@ -199,6 +210,8 @@ def fresh_vm(cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost) -> 
     assert fresh_state["vm"] == "running"
     assert set(fresh_state["drivers"].values()) == {"vfio-pci"}
     assert (fresh_state["module"], fresh_state["device nodes"]) == (None, [])
+    assert fresh_state["foreign"] == ["stopped", "stopped"]
+    assert "onboot: 1\n" in (fresh_state["files"]["/etc/pve/qemu-server/150.conf"] or "")
     again, _, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(again.values()) == {"no_change"}
     assert state(node) == fresh_state
@@ -245,7 +258,7 @@ def uvm_major(node: hosts.LabHost) -> str:
     return ssh(node, "stat -c '%t' /dev/nvidia-uvm").strip()
 
 
-def test_switch_vm_baremetal_vm_ends_as_a_fresh_vm_deploy(
+def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     pve_name: str, pyinfra_cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = lab_node(pve_name)
@@ -296,15 +309,29 @@ def test_switch_vm_baremetal_vm_ends_as_a_fresh_vm_deploy(
     assert set(settled.values()) == {"no_change"}
     assert reboots(node) == 2
 
-    back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm")
+    # baremetal -> lxc: the host's SGLang stops (the container serves); the driver stays, no reboot.
+    moved, _, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
+    assert moved[DRIVER_PARK] == "success"
+    assert (moved[CT_CONFIG], moved[CT_START], moved[NV_PACKAGES]) == ("success", "success", "no_change")
+    on_lxc = host_driver_state(node, uvm_major(node))
+    assert on_lxc["units"] == {**dict.fromkeys(UNITS, "active"), "sglang.service": "inactive"}
+    assert [
+        on_lxc["files"][path] for path in ("/etc/systemd/system/sglang.service", "/etc/pvegpu/sglang.env")
+    ] == [
+        None,
+        None,
+    ]
+    assert reboots(node) == 2
 
-    assert back[DRIVER_PARK] == "success"
+    back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
+
+    assert (back[DRIVER_PARK], back[CT_PARK]) == ("success", "success")
     assert {op: back[op] for op in VM_OPS} == {**VM_OPS, SYNC: "no_change"}
     assert state(node) == fresh_state
     # The driver stays installed, blacklisted by the vfio drop-in, and is not loaded.
     assert "ii  nvidia-open" in ssh(node, "dpkg -l nvidia-open")
     assert "blacklist nvidia\n" in (fresh_state["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] or "")
-    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm")
+    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(settled.values()) == {"no_change"}
     assert reboots(node) == 3
 

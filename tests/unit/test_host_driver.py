@@ -226,7 +226,7 @@ def test_noop_parking_not_allowed_says_what_it_would_do() -> None:
     )
     assert commands == []
     assert noops == [
-        "profile vm: sglang.service running on the host driver; would stop and disable them and remove "
+        "profile vm: sglang.service running on the host; would stop and disable them and remove "
         "/etc/modules-load.d/pvegpu-nvidia.conf, /etc/systemd/system/pvegpu-nvidia-devices.service, "
         "/etc/systemd/system/sglang.service, /etc/pvegpu/sglang.env "
         "(pve_host.allow_reboot is false: not stopping them)"
@@ -267,3 +267,25 @@ def test_container_userspace_version_from_nvml_file_name() -> None:
         "pct exec 200 -- sh -c 'for f in /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* "
         '/usr/lib64/libnvidia-ml.so.*; do [ -f "$f" ] && echo "$f"; done\' 2>/dev/null || true'
     )
+
+
+def test_update_lxc_parks_only_the_hosts_sglang() -> None:
+    commands, _ = run_op(
+        host_driver_parked,
+        {HostDriverFiles: parse_host_driver(LEFT_BY_BAREMETAL)},
+        profile="lxc",
+        allow_stop=True,
+    )
+    assert commands == [
+        "systemctl disable --now sglang.service",
+        "rm -f /etc/systemd/system/sglang.service /etc/pvegpu/sglang.env",
+        "systemctl daemon-reload",
+    ]
+
+
+def test_noop_lxc_nothing_served_from_the_host() -> None:
+    left = [line for line in LEFT_BY_BAREMETAL if "sglang" not in line]
+    commands, noops = run_op(
+        host_driver_parked, {HostDriverFiles: parse_host_driver(left)}, profile="lxc", allow_stop=False
+    )
+    assert (commands, noops) == ([], ["SGLang does not serve from this host (the container serves)"])

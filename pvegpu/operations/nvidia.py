@@ -82,7 +82,8 @@ def driver_module(
     *, driver: DriverSpec, installing: bool, container: bool = False
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """The pinned module loaded: noop when it is (and nothing is being installed); otherwise, after the
-    packages are installed, check again and reboot when allowed (then wait and check), or fail saying why.
+    packages are installed, load it when no module is loaded, check again and reboot when allowed (then
+    wait and check), or fail saying why.
 
     `container`: the module is the host's; never reboot, fail naming both versions when it differs."""
     loaded = host.get_fact(NvidiaModule, version_file=driver.version_file)
@@ -95,6 +96,9 @@ def driver_module(
     if not installing and module_mismatch(driver, loaded) is None:
         host.noop(f"the {driver.flavour} NVIDIA kernel module {driver.version} is loaded")
         return
+    if loaded is None:
+        # Nothing is loaded: the module dkms just built loads without a reboot (an older one would not).
+        yield StringCommand("modprobe", "nvidia", "2>/dev/null", "||", "true")
 
     def mismatch(target: Host) -> str | None:
         return module_mismatch(

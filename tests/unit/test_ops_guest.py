@@ -126,15 +126,16 @@ def test_noop_module_loaded() -> None:
 
 def test_error_module_still_old_after_install_without_allow_reboot() -> None:
     commands, _ = run_op(driver_module, {NvidiaModule: None}, driver=DRIVER, installing=True)
-    assert len(commands) == 1
+    assert commands[0] == "modprobe nvidia 2>/dev/null || true"  # nothing loaded: load the new one
+    assert len(commands) == 2
     old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
     with pytest.raises(OperationError) as error:
-        call(commands[0], FakeShell({"cat": [old]}))
+        call(commands[1], FakeShell({"cat": [old]}))
     assert str(error.value) == (
         "the loaded kernel module is the open 580.65.06, not the pinned open 580.95.05: "
         "reboot the host, or set driver.allow_reboot"
     )
-    call(commands[0], FakeShell({"cat": [OPEN_580_FILE]}))  # loaded by the install: passes
+    call(commands[1], FakeShell({"cat": [OPEN_580_FILE]}))  # loaded by the install: passes
 
 
 def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,7 +161,7 @@ def test_update_module_reboots_only_when_still_mismatched() -> None:
     driver = DriverSpec(allow_reboot=True)
     commands, _ = run_op(driver_module, {NvidiaModule: None}, driver=driver, installing=True)
     shell = FakeShell({"cat": [OPEN_580_FILE]})
-    call(commands[0], shell)
+    call(commands[1], shell)
     assert shell.ran == ["cat /proc/driver/nvidia/version 2>/dev/null || true"]  # already loaded: no reboot
     assert REBOOT not in shell.ran
 

@@ -27,6 +27,7 @@ from pyinfra.facts.server import KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from pvegpu.facts.hardware import hardware_of
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
 from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
@@ -45,6 +46,7 @@ from pvegpu.plan.driver import (
 )
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
+from pvegpu.plan.topology import plan_topology
 
 NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
 PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
@@ -92,7 +94,13 @@ def nvidia_driver(placement: Placement = "guest") -> None:
         no_recommends=container,
     )
     installing = packages.will_change
-    unit = None if container else _module_side(placement, node.gpus.count)
+    # The device unit makes a node per GPU the host has (from the topology: `node.gpus.count` may be unset).
+    gpus = (
+        len(plan_topology(hardware_of(host, node.sysfs_root), node.gpus).gpus)
+        if placement == "pve-host"
+        else 0
+    )
+    unit = None if container else _module_side(placement, gpus)
     driver_module(
         name="Check the host's kernel module is the pinned one"
         if container
@@ -102,7 +110,7 @@ def nvidia_driver(placement: Placement = "guest") -> None:
         container=container,
     )
     if unit is not None:
-        _device_nodes(node.gpus.count, unit, installing)
+        _device_nodes(gpus, unit, installing)
     driver_verified(
         name="Verify the GPUs, module flavour and version",
         driver=driver,
@@ -111,7 +119,7 @@ def nvidia_driver(placement: Placement = "guest") -> None:
     )
 
 
-def _module_side(placement: Placement, gpus: int | None) -> OperationMeta | None:
+def _module_side(placement: Placement, gpus: int) -> OperationMeta | None:
     """nouveau off (initramfs refreshed), persistence on; on a Proxmox host the modules and the device unit
     for boot (returned: its write, which decides a reload and a rerun)."""
     blacklist = files.put(
@@ -133,10 +141,6 @@ def _module_side(placement: Placement, gpus: int | None) -> OperationMeta | None
     )
     if placement != "pve-host":
         return None
-    if gpus is None:
-        raise OperationError(
-            f"{host.name}: node.gpus.count: the device unit creates one node per GPU: declare how many"
-        )
     files.put(
         name="Load the NVIDIA modules at boot",
         src=StringIO(render("nvidia_driver/modules-load-pvegpu-nvidia.conf.j2")),
@@ -151,7 +155,7 @@ def _module_side(placement: Placement, gpus: int | None) -> OperationMeta | None
     )
 
 
-def _device_nodes(gpus: int | None, unit: OperationMeta, installing: bool) -> None:
+def _device_nodes(gpus: int, unit: OperationMeta, installing: bool) -> None:
     """The device unit enabled and run once the module is loaded (rerun when it changed), then every node
     checked."""
     systemd.daemon_reload(name="Reload systemd units", _if=any_changed(unit))
@@ -166,6 +170,6 @@ def _device_nodes(gpus: int | None, unit: OperationMeta, installing: bool) -> No
     )
     device_nodes_present(
         name="Check the NVIDIA device nodes containers bind",
-        nodes=device_nodes(gpus or 0, ()),
+        nodes=device_nodes(gpus, ()),
         installing=installing,
     )

@@ -3,6 +3,9 @@ behind root ports, in groups of their own, plus a NIC. Shapes follow the referen
 
 from __future__ import annotations
 
+from typing import Any
+
+from pvegpu.facts.pvegpu_boot import BootFiles
 from pvegpu.models.hardware import HostHardware, PciFunction
 
 RTX = "10de:2bb1"
@@ -57,3 +60,16 @@ def two_cards(driver: str | None = "nvidia", iommu: bool = True) -> HostHardware
         ]
     functions.append(fn("0000:61:00.0", "8086:1521", 0x020000, group=30, driver="igb", root_bus="0000:60"))
     return HostHardware(functions=tuple(functions), iommu_present=iommu)
+
+
+def written_files(**changes: Any) -> BootFiles:
+    """pvegpu's boot files as the `PvegpuBootFiles` fact reads them: none written, plus `changes`."""
+    base: dict[str, Any] = {
+        "kernel_cmdline": None,
+        "backup_present": False,
+        "grub_dropin": None,
+        "owned_tokens": (),
+        "modules_load": None,
+        "modprobe": None,
+    }
+    return BootFiles(**{**base, **changes})

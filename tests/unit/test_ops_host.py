@@ -16,7 +16,7 @@ from pvegpu.operations.cmdline import cmdline_tokens
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import render_vfio, vfio_config
 from pvegpu.plan.vfio import plan_vfio
-from tests.unit.hostdata import two_cards
+from tests.unit.hostdata import two_cards, written_files
 from tests.unit.op_harness import run_op
 
 TOKENS = ("amd_iommu=on", "iommu=pt")
@@ -34,18 +34,6 @@ GRUB_DROPIN = (
 )
 
 
-def files(**changes: Any) -> BootFiles:
-    base: dict[str, Any] = {
-        "kernel_cmdline": None,
-        "backup_present": False,
-        "grub_dropin": None,
-        "owned_tokens": (),
-        "modules_load": None,
-        "modprobe": None,
-    }
-    return BootFiles(**{**base, **changes})
-
-
 def cmdline(boot: BootLoaderInfo, boot_files: BootFiles, tokens: tuple[str, ...] = TOKENS) -> Any:
     return run_op(cmdline_tokens, {}, tokens=tokens, boot=boot, files=boot_files)
 
@@ -54,20 +42,20 @@ def cmdline(boot: BootLoaderInfo, boot_files: BootFiles, tokens: tuple[str, ...]
 
 
 def test_create_grub_dropin_then_update_grub() -> None:
-    commands, noops = cmdline(GRUB, files())
+    commands, noops = cmdline(GRUB, written_files())
     assert commands == [f"printf %s '{GRUB_DROPIN}' > /etc/default/grub.d/pvegpu.cfg", "update-grub"]
     assert noops == []
 
 
 def test_noop_grub_dropin_already_adds_the_tokens() -> None:
-    commands, noops = cmdline(GRUB, files(grub_dropin=GRUB_DROPIN))
+    commands, noops = cmdline(GRUB, written_files(grub_dropin=GRUB_DROPIN))
     assert commands == []
     assert noops == ["/etc/default/grub.d/pvegpu.cfg already adds amd_iommu=on iommu=pt"]
 
 
 def test_update_grub_dropin_drops_a_token_removed_from_the_spec() -> None:
     with_extra = GRUB_DROPIN.replace("iommu=pt", "iommu=pt pcie_aspm=off")
-    commands, _ = cmdline(GRUB, files(grub_dropin=with_extra))
+    commands, _ = cmdline(GRUB, written_files(grub_dropin=with_extra))
     assert commands == [f"printf %s '{GRUB_DROPIN}' > /etc/default/grub.d/pvegpu.cfg", "update-grub"]
 
 
@@ -75,7 +63,7 @@ def test_update_grub_dropin_drops_a_token_removed_from_the_spec() -> None:
 
 
 def test_create_systemd_boot_backs_up_once_records_owned_tokens_and_refreshes() -> None:
-    commands, noops = cmdline(SYSTEMD_BOOT, files(kernel_cmdline=FRESH))
+    commands, noops = cmdline(SYSTEMD_BOOT, written_files(kernel_cmdline=FRESH))
     assert commands == [
         "cp -p /etc/kernel/cmdline /etc/kernel/cmdline.pvegpu-orig",
         "mkdir -p /etc/pvegpu",
@@ -87,7 +75,7 @@ def test_create_systemd_boot_backs_up_once_records_owned_tokens_and_refreshes() 
 
 
 def test_noop_systemd_boot_already_has_the_tokens() -> None:
-    done = files(
+    done = written_files(
         kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt\n",
         backup_present=True,
         owned_tokens=TOKENS,
@@ -98,7 +86,7 @@ def test_noop_systemd_boot_already_has_the_tokens() -> None:
 
 
 def test_update_systemd_boot_removes_only_its_own_token_and_keeps_the_backup() -> None:
-    before = files(
+    before = written_files(
         kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 mitigations=off amd_iommu=on iommu=pt pcie_aspm=off\n",
         backup_present=True,
         owned_tokens=(*TOKENS, "pcie_aspm=off"),
@@ -113,7 +101,7 @@ def test_update_systemd_boot_removes_only_its_own_token_and_keeps_the_backup() -
 
 
 def test_update_systemd_boot_users_own_token_is_not_taken_over() -> None:
-    users = files(kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 iommu=pt\n", backup_present=True)
+    users = written_files(kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 iommu=pt\n", backup_present=True)
     commands, _ = cmdline(SYSTEMD_BOOT, users)
     assert commands == [
         "mkdir -p /etc/pvegpu",
@@ -128,13 +116,13 @@ def test_update_systemd_boot_users_own_token_is_not_taken_over() -> None:
     [
         (
             UNKNOWN,
-            files(),
+            written_files(),
             "pve1: bootloader unknown, so no kernel command line is written: "
             "/etc/default/grub absent; update-grub not found",
         ),
         (
             SYSTEMD_BOOT,
-            files(),
+            written_files(),
             "pve1: systemd-boot without /etc/kernel/cmdline: no command line to add amd_iommu=on iommu=pt to",
         ),
     ],
@@ -191,7 +179,7 @@ def vfio(boot_files: BootFiles, functions: tuple[str, ...] = ALL) -> Any:
 
 
 def test_create_vfio_dropins_then_update_initramfs() -> None:
-    commands, noops = vfio(files())
+    commands, noops = vfio(written_files())
     assert commands == [
         f"printf %s '{MODULES_6_8}' > /etc/modules-load.d/pvegpu-vfio.conf",
         f"printf %s '{MODPROBE_IDS}' > /etc/modprobe.d/pvegpu-vfio.conf",
@@ -201,7 +189,7 @@ def test_create_vfio_dropins_then_update_initramfs() -> None:
 
 
 def test_noop_vfio_dropins_match() -> None:
-    commands, noops = vfio(files(modules_load=MODULES_6_8, modprobe=MODPROBE_IDS))
+    commands, noops = vfio(written_files(modules_load=MODULES_6_8, modprobe=MODPROBE_IDS))
     assert commands == []
     assert noops == [
         "/etc/modules-load.d/pvegpu-vfio.conf and /etc/modprobe.d/pvegpu-vfio.conf already bind "
@@ -210,7 +198,7 @@ def test_noop_vfio_dropins_match() -> None:
 
 
 def test_update_only_the_changed_dropin_then_update_initramfs() -> None:
-    commands, _ = vfio(files(modules_load=MODULES_6_8, modprobe=MODPROBE_IDS), functions=ALL[:2])
+    commands, _ = vfio(written_files(modules_load=MODULES_6_8, modprobe=MODPROBE_IDS), functions=ALL[:2])
     assert len(commands) == 2
     assert str(commands[0]).startswith("printf %s '# Managed by pvegpu")
     assert str(commands[0]).endswith("' > /etc/modprobe.d/pvegpu-vfio.conf")

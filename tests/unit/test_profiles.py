@@ -12,7 +12,6 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.boot import KernelCmdline
-from pvegpu.facts.pvegpu_boot import BootFiles
 from pvegpu.models.inventory import GpuSelector
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import vfio_config
@@ -23,7 +22,7 @@ from pvegpu.plan.profile import HostProfile, held_by_vfio, host_profile, profile
 from pvegpu.plan.reboot import pending_reasons
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import UPID_START, FakeApi, execute, sequence, task_ok
-from tests.unit.hostdata import RTX, fn, two_cards
+from tests.unit.hostdata import RTX, fn, two_cards, written_files
 from tests.unit.op_harness import run_op
 
 ALL = ("0000:41:00.0", "0000:41:00.1", "0000:51:00.0", "0000:51:00.1")
@@ -100,21 +99,12 @@ def test_pending_without_vfio_only_vfio_bound_functions_and_tokens_count() -> No
 # --- vfio_config(present=False) --------------------------------------------------------------
 
 
-def files(**changes: Any) -> BootFiles:
-    base: dict[str, Any] = {
-        "kernel_cmdline": None,
-        "backup_present": False,
-        "grub_dropin": None,
-        "owned_tokens": (),
-        "modules_load": None,
-        "modprobe": None,
-    }
-    return BootFiles(**{**base, **changes})
-
-
 def test_update_vfio_removed_both_dropins_then_update_initramfs() -> None:
     commands, noops = run_op(
-        vfio_config, {}, files=files(modules_load="vfio\n", modprobe="blacklist nvidia\n"), present=False
+        vfio_config,
+        {},
+        files=written_files(modules_load="vfio\n", modprobe="blacklist nvidia\n"),
+        present=False,
     )
     assert commands == [
         "rm -f /etc/modules-load.d/pvegpu-vfio.conf /etc/modprobe.d/pvegpu-vfio.conf",
@@ -124,12 +114,12 @@ def test_update_vfio_removed_both_dropins_then_update_initramfs() -> None:
 
 
 def test_update_vfio_removed_only_the_dropin_left() -> None:
-    commands, _ = run_op(vfio_config, {}, files=files(modprobe="blacklist nvidia\n"), present=False)
+    commands, _ = run_op(vfio_config, {}, files=written_files(modprobe="blacklist nvidia\n"), present=False)
     assert commands == ["rm -f /etc/modprobe.d/pvegpu-vfio.conf", "update-initramfs -u -k all"]
 
 
 def test_noop_vfio_dropins_absent() -> None:
-    commands, noops = run_op(vfio_config, {}, files=files(), present=False)
+    commands, noops = run_op(vfio_config, {}, files=written_files(), present=False)
     assert commands == []
     assert noops == [
         "/etc/modules-load.d/pvegpu-vfio.conf and /etc/modprobe.d/pvegpu-vfio.conf are absent: "

@@ -28,9 +28,8 @@ REMOTE_DIR = "/var/lib/pvegpu/bench"
 @deploy("Benchmark SGLang")
 def bench() -> None:
     """One benchmark run per concurrency level, then fetch and report."""
-    data = {key: host.data.get(key) for key in (BENCH_KEY, SGLANG_KEY) if host.data.get(key) is not None}
-    spec = spec_of(data, BENCH_KEY, BenchSpec)
-    sglang = spec_of(data, SGLANG_KEY, SglangSpec)
+    spec = spec_of(host.data, BENCH_KEY, BenchSpec)
+    sglang = spec_of(host.data, SGLANG_KEY, SglangSpec)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     remote = f"{REMOTE_DIR}/{run_id}.jsonl"
     results = Path(spec.results_dir).resolve()

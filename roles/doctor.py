@@ -13,7 +13,7 @@ from pyinfra.context import host
 from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.host_checks import HostChecks
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import NODE_KEY, NodeSpec
+from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
 from pvegpu.plan.topology import Topology, plan_topology
 from pvegpu.report import render_table
@@ -29,7 +29,7 @@ def node_report() -> None:
 
     pyinfra 3 does not cache facts, so the hardware fact is read once here and given to both reports.
     """
-    spec = NodeSpec.model_validate(host.data.get(NODE_KEY))
+    spec = spec_of(host.data, NODE_KEY, NodeSpec)
     hardware = hardware_of(host, spec.sysfs_root)
     topology = plan_topology(hardware, spec.gpus)
     _gpu_topology(spec, topology)

@@ -16,9 +16,8 @@ from roles.pci_mapping import node_of
 
 @deploy("Park what the host-driver profiles left on the host")
 def host_driver_parked_role() -> None:
-    allowed = host.data.get(HOST_KEY)
     host_driver_parked(
         name="Stop and disable what this profile does not use on the host",
         profile=node_of(host).profile,
-        allow_stop=spec_of({} if allowed is None else {HOST_KEY: allowed}, HOST_KEY, HostSpec).allow_reboot,
+        allow_stop=spec_of(host.data, HOST_KEY, HostSpec).allow_reboot,
     )

@@ -46,20 +46,16 @@ from roles.pci_mapping import node_of
 def lxc_gpu() -> None:
     """Container config + devices, raw lines, started, driver versions compared."""
     node = node_of(host)
-    declared = host.data.get(LXC_KEY)
-    if declared is None:
+    if host.data.get(LXC_KEY) is None:
         raise OperationError(f"{host.name}: profile lxc needs `lxc` data (the container: vmid, ostemplate)")
-    spec = spec_of({LXC_KEY: declared}, LXC_KEY, LxcSpec)
+    spec = spec_of(host.data, LXC_KEY, LxcSpec)
     release = host.get_fact(PveVersion)
     if release is None:
         raise OperationError(f"{host.name}: profile lxc needs Proxmox VE (no pveversion on this host)")
     major, minor = (int(part) for part in release.manager_version.split(".")[:2])
     gpus = plan_topology(hardware_of(host, node.sysfs_root), node.gpus).gpus
     nodes = host.get_fact(NvidiaDeviceNodes)
-    driver = host.data.get(DRIVER_KEY)
-    version_file = spec_of(
-        {} if driver is None else {DRIVER_KEY: driver}, DRIVER_KEY, DriverSpec
-    ).version_file
+    version_file = spec_of(host.data, DRIVER_KEY, DriverSpec).version_file
     module = host.get_fact(NvidiaModule, version_file=version_file)
     try:
         devices = plan_lxc_devices(len(gpus), (major, minor), nodes.caps, nodes.majors, spec.video_gid)
@@ -105,17 +101,15 @@ def lxc_gpu_parked() -> None:
     A host without `lxc` data has no managed container: nothing to do.
     """
     node = node_of(host)
-    declared = host.data.get(LXC_KEY)
-    if declared is None:
+    if host.data.get(LXC_KEY) is None:
         return
-    spec = spec_of({LXC_KEY: declared}, LXC_KEY, LxcSpec)
-    allowed = host.data.get(HOST_KEY)
+    spec = spec_of(host.data, LXC_KEY, LxcSpec)
     lxc_parked(
         name="Stop the container and keep it from starting at boot",
         api=pve_client(host),
         node=node.name,
         vmid=spec.vmid,
         profile=node.profile,
-        allow_stop=spec_of({} if allowed is None else {HOST_KEY: allowed}, HOST_KEY, HostSpec).allow_reboot,
+        allow_stop=spec_of(host.data, HOST_KEY, HostSpec).allow_reboot,
         timeout_s=api_spec(host.data).task_timeout_s,
     )

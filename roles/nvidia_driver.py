@@ -55,9 +55,8 @@ PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
 @deploy("Install the NVIDIA driver")
 def nvidia_driver(placement: Placement = "guest") -> None:
     """CUDA repository, pinned packages for `placement`, then what the placement needs (module docstring)."""
-    data = {key: host.data.get(key) for key in (NODE_KEY, DRIVER_KEY) if host.data.get(key) is not None}
-    node = spec_of(data, NODE_KEY, NodeSpec)
-    driver = spec_of(data, DRIVER_KEY, DriverSpec)
+    node = spec_of(host.data, NODE_KEY, NodeSpec)
+    driver = spec_of(host.data, DRIVER_KEY, DriverSpec)
     release = host.get_fact(LinuxDistribution)["release_meta"]
     try:
         problems = flavour_problems(driver, node.gpus.ids)

@@ -25,7 +25,7 @@ from pvegpu.plan.topology import Topology, plan_topology
 
 def node_of(target: Any) -> NodeSpec:
     """The `node` spec of a pyinfra host."""
-    return spec_of({NODE_KEY: target.data.get(NODE_KEY)}, NODE_KEY, NodeSpec)
+    return spec_of(target.data, NODE_KEY, NodeSpec)
 
 
 def mapping_prefix(target: Any) -> str:

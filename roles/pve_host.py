@@ -34,9 +34,8 @@ from pvegpu.plan.vfio import plan_vfio
 def pve_host() -> None:
     """Kernel command line, vfio drop-ins (written or removed) + initramfs, then reboot if pending (and
     allowed) and verify."""
-    data = {key: host.data.get(key) for key in (NODE_KEY, HOST_KEY) if host.data.get(key) is not None}
-    node = spec_of(data, NODE_KEY, NodeSpec)
-    spec = spec_of(data, HOST_KEY, HostSpec)
+    node = spec_of(host.data, NODE_KEY, NodeSpec)
+    spec = spec_of(host.data, HOST_KEY, HostSpec)
     hardware = hardware_of(host, node.sysfs_root)
     try:
         profile = host_profile(node.profile, host.get_fact(CpuVendor), spec.extra_cmdline)
@@ -74,14 +73,15 @@ def pve_host() -> None:
 def host_driver_blocked() -> str | None:
     """Why the host driver's steps must wait on this node (pvegpu.plan.profile.held_by_vfio), logged as a
     warning; None when they can run."""
-    data = {key: host.data.get(key) for key in (NODE_KEY, HOST_KEY) if host.data.get(key) is not None}
-    node = spec_of(data, NODE_KEY, NodeSpec)
+    node = spec_of(host.data, NODE_KEY, NodeSpec)
     hardware = hardware_of(host, node.sysfs_root)
     try:
         functions = profile_functions(node.profile, hardware, node.gpus)
     except PlanError:
         return None  # pve_host reports it, naming the field
-    reason = held_by_vfio(node.profile, hardware, functions, spec_of(data, HOST_KEY, HostSpec).allow_reboot)
+    reason = held_by_vfio(
+        node.profile, hardware, functions, spec_of(host.data, HOST_KEY, HostSpec).allow_reboot
+    )
     if reason is not None:
         logger.warning(f"{host.print_prefix}{reason}")
     return reason

@@ -32,7 +32,7 @@ from roles.pci_mapping import node_of
 def q35_vm_role() -> None:
     """Create or converge the VM's config, then start it and wait until it runs."""
     node = node_of(host)
-    spec = spec_of({VM_KEY: host.data.get(VM_KEY)}, VM_KEY, VmSpec)
+    spec = spec_of(host.data, VM_KEY, VmSpec)
     pve = api_spec(host.data)
     hardware = hardware_of(host, node.sysfs_root)
     topology = plan_topology(hardware, node.gpus)
@@ -80,9 +80,8 @@ def q35_vm_parked() -> None:
     if host.data.get(VM_KEY) is None:
         logger.info(f"{host.print_prefix}no `vm` data: no managed VM to stop for profile {node.profile}")
         return
-    spec = spec_of({VM_KEY: host.data.get(VM_KEY)}, VM_KEY, VmSpec)
-    declared = host.data.get(HOST_KEY)
-    allow = spec_of({} if declared is None else {HOST_KEY: declared}, HOST_KEY, HostSpec)
+    spec = spec_of(host.data, VM_KEY, VmSpec)
+    allow = spec_of(host.data, HOST_KEY, HostSpec)
     vm_parked(
         name="Stop the VM and keep it from starting at boot",
         api=pve_client(host),

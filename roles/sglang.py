@@ -48,9 +48,8 @@ PROFILE_NOTES = {
 @deploy("Serve the model with SGLang")
 def sglang() -> None:
     """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
-    data = {key: host.data.get(key) for key in (NODE_KEY, SGLANG_KEY) if host.data.get(key) is not None}
-    node = spec_of(data, NODE_KEY, NodeSpec)
-    spec = spec_of(data, SGLANG_KEY, SglangSpec)
+    node = spec_of(host.data, NODE_KEY, NodeSpec)
+    spec = spec_of(host.data, SGLANG_KEY, SglangSpec)
     hardware = hardware_of(host, node.sysfs_root)
     topology = plan_topology(hardware, node.gpus)
     try:
@@ -145,9 +144,8 @@ def sglang() -> None:
 def nccl_transports() -> None:
     """Read-only (for deploy/doctor.py): the transport per rank pair from the running service's NCCL log,
     and a warning for each pair that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P)."""
-    data = {key: host.data.get(key) for key in (NODE_KEY, SGLANG_KEY) if host.data.get(key) is not None}
-    node = spec_of(data, NODE_KEY, NodeSpec)
-    single_node = spec_of(data, SGLANG_KEY, SglangSpec).nnodes == 1
+    node = spec_of(host.data, NODE_KEY, NodeSpec)
+    single_node = spec_of(host.data, SGLANG_KEY, SglangSpec).nnodes == 1
     records = host.get_fact(SglangNcclChannels)
     pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
     if pairs:

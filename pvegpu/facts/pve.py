@@ -30,8 +30,7 @@ class PveSetupError(ValueError):
 
 def api_spec(data: Any) -> PveApiSpec:
     """The host's validated `pve` spec (defaults when absent); `data` is `host.data`."""
-    value = data.get(PVE_KEY)
-    return spec_of({} if value is None else {PVE_KEY: value}, PVE_KEY, PveApiSpec)
+    return spec_of(data, PVE_KEY, PveApiSpec)
 
 
 def read_token(path: str) -> str:

@@ -15,7 +15,7 @@ import re
 import sys
 import types
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Protocol, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import ErrorDetails, PydanticUndefined
@@ -201,8 +201,15 @@ def _validate_spec(key: str, model: type[BaseModel], value: object) -> tuple[Bas
         return None, [_problem_line(key, model, detail) for detail in error.errors()]
 
 
-def spec_of(data: Mapping[str, object], key: str, model: type[SpecT]) -> SpecT:
-    """The validated spec under `key` of one host's data (roles call this; inventories were checked already).
+class HostDataLike(Protocol):
+    """A host's data as roles see it: a mapping, or pyinfra's `host.data` (`get(key, default)`)."""
+
+    def get(self, key: str, default: Any, /) -> Any: ...
+
+
+def spec_of(data: HostDataLike, key: str, model: type[SpecT]) -> SpecT:
+    """The validated spec under `key` of one host's data (roles pass `host.data`; inventories were checked
+    already).
 
     A role key that is absent gets the model's defaults; raises `InventoryError` when the data is invalid.
     """

@@ -10,6 +10,7 @@ from pathlib import Path
 import pydantic
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
+from pyinfra.api.host import HostData
 
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import (
@@ -315,3 +316,9 @@ def test_spec_of_gives_defaults_for_an_absent_role_key_and_refuses_bad_data() ->
     with pytest.raises(InventoryError) as raised:
         spec_of({"example": "yes"}, "example", _ExampleSpec)
     assert list(raised.value.problems) == ["example: must be a mapping (got 'yes')"]
+
+
+def test_spec_of_reads_pyinfras_host_data_as_roles_pass_it() -> None:
+    data = HostData(None, {"example": {"allow_reboot": True}})  # type: ignore[arg-type]
+    assert spec_of(data, "example", _ExampleSpec).allow_reboot is True
+    assert spec_of(HostData(None, {}), "example", _ExampleSpec) == _ExampleSpec(allow_reboot=False)  # type: ignore[arg-type]

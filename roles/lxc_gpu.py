@@ -52,13 +52,12 @@ def lxc_gpu() -> None:
     release = host.get_fact(PveVersion)
     if release is None:
         raise OperationError(f"{host.name}: profile lxc needs Proxmox VE (no pveversion on this host)")
-    major, minor = (int(part) for part in release.manager_version.split(".")[:2])
     gpus = plan_topology(hardware_of(host, node.sysfs_root), node.gpus).gpus
     nodes = host.get_fact(NvidiaDeviceNodes)
     version_file = spec_of(host.data, DRIVER_KEY, DriverSpec).version_file
     module = host.get_fact(NvidiaModule, version_file=version_file)
     try:
-        devices = plan_lxc_devices(len(gpus), (major, minor), nodes.caps, nodes.majors, spec.video_gid)
+        devices = plan_lxc_devices(len(gpus), release.major_minor, nodes.caps, nodes.majors, spec.video_gid)
     except PlanError as error:
         if module is None:
             # Before 8.1 the raw lines need the uvm major, known once the driver this run installs loads.

@@ -53,8 +53,11 @@ class PveRelease:
     running_kernel: str
 
     @property
-    def major(self) -> int:
-        return int(self.manager_version.split(".", 1)[0])
+    def major_minor(self) -> tuple[int, int]:
+        """`8.2.4` -> (8, 2); a missing or non-numeric minor is 0."""
+        major, _, rest = self.manager_version.partition(".")
+        minor = rest.split(".", 1)[0]
+        return int(major), int(minor) if minor.isdigit() else 0
 
     def to_json(self) -> dict[str, object]:
         """JSON-able form; pyinfra's `fact` command prints facts through `to_json`."""

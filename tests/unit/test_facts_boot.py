@@ -128,7 +128,13 @@ def test_cmdline_missing_file_fails_the_host(tmp_path: Path) -> None:
 )
 def test_pveversion(line: str, release: PveRelease) -> None:
     assert parse_pveversion([line]) == release
-    assert release.major == 8
+
+
+def test_pve_release_major_minor_without_a_numeric_minor() -> None:
+    assert PveRelease("8.2.4", "faa83925c9641325", "6.8.12-1-pve").major_minor == (8, 2)
+    assert PveRelease("8.1.3", "b", "k").major_minor == (8, 1)
+    assert PveRelease("9", "b", "k").major_minor == (9, 0)
+    assert PveRelease("8.x", "b", "k").major_minor == (8, 0)
 
 
 def test_pveversion_absent_is_none() -> None:

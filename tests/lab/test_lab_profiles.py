@@ -63,6 +63,8 @@ SERVING = {
     "driver": LAB_DRIVER,
     "sglang": {"pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR], "start_timeout_s": 60},
 }
+# The reference box's GPUs span two NUMA nodes: the host-driver profiles let NCCL use P2P across them.
+P2P_SETTINGS = ["NCCL_DEBUG=INFO", "NCCL_P2P_LEVEL=SYS"]
 NODES_OF_8 = (
     *(f"/dev/nvidia{n} character special file c3:{n:x}" for n in range(8)),
     "/dev/nvidia-modeset character special file c3:fe",
@@ -247,6 +249,11 @@ def host_driver_state(node: hosts.LabHost, uvm: str) -> dict[str, Any]:
     return now
 
 
+def settings(env_file: str | None) -> list[str]:
+    """The variable lines of an SGLang env file (its comments give the reasons)."""
+    return [line for line in (env_file or "").splitlines() if line and not line.startswith("#")]
+
+
 def models(host: hosts.LabHost) -> list[str]:
     """The model ids SGLang serves on `host` (its /v1/models)."""
     script = "import json, urllib.request as u; print(u.urlopen('http://127.0.0.1:30000/v1/models').read().decode())"
@@ -275,10 +282,10 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     assert held[REBOOT] == "no_change"
     # The GPUs stay on vfio-pci: no host driver, no serving yet, and the run says why.
     assert not [op for op in held if op.startswith((NV, "Serve the model"))]
-    assert (f"[{pve_name}] profile baremetal: 0000:41:00.0, 0000:41:00.1, 0000:51:00.0") in log
     assert (
-        "still bound to vfio-pci until the host reboots (pve_host.allow_reboot is false): not installing "
-        "the host driver or serving yet\n"
+        f"[{pve_name}] profile baremetal: {', '.join(sorted(node.gpu_drivers()))} still bound to vfio-pci "
+        "until the host reboots (pve_host.allow_reboot is false): not installing the host driver or serving "
+        "yet\n"
     ) in log
     assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/status/current")["status"] == "running"
     assert reboots(node) == 1
@@ -303,7 +310,11 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     )
     assert bare["files"]["/etc/pve/mapping/pci.cfg"] == fresh_state["files"]["/etc/pve/mapping/pci.cfg"]
     # The host itself serves, with the P2P plan.
-    assert "NCCL_P2P_LEVEL=" in (bare["files"]["/etc/pvegpu/sglang.env"] or "")
+    assert settings(bare["files"]["/etc/pvegpu/sglang.env"]) == P2P_SETTINGS
+    assert (
+        "# Profile baremetal: the host driver gives P2P between the GPUs"
+        in bare["files"]["/etc/pvegpu/sglang.env"]
+    )
     assert models(node) == ["glm-5"]
     settled, _, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")
     assert set(settled.values()) == {"no_change"}
@@ -329,7 +340,9 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     assert {op: back[op] for op in VM_OPS} == {**VM_OPS, SYNC: "no_change"}
     assert state(node) == fresh_state
     # The driver stays installed, blacklisted by the vfio drop-in, and is not loaded.
-    assert "ii  nvidia-open" in ssh(node, "dpkg -l nvidia-open")
+    assert ssh(node, "dpkg-query -W -f '${Status} ${Version}' nvidia-open") == (
+        f"install ok installed {DRIVER}-1"
+    )
     assert "blacklist nvidia\n" in (fresh_state["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] or "")
     settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(settled.values()) == {"no_change"}
@@ -414,6 +427,9 @@ def test_switch_vm_lxc_vm_container_serves_on_the_host_driver_then_fresh_vm_stat
     assert "Package 'nvidia-kernel-open-dkms' has no installation candidate" in refused.stderr
     assert ssh(ct, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").split() == [DRIVER] * 8
     assert models(ct) == ["glm-5"]
+    container_env = ssh(ct, "cat /etc/pvegpu/sglang.env")
+    assert settings(container_env) == P2P_SETTINGS
+    assert "# Profile lxc: the host driver gives P2P between the GPUs" in container_env
 
     # Drift: another userspace build in the container is reported with both versions.
     other = f"{guest_payload.APT_DIR}/nvidia-driver-cuda_590.48.01-1_all.deb"

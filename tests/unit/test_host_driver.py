@@ -51,14 +51,23 @@ def test_packages_guest_host_container() -> None:
 
 def test_device_unit_creates_every_node_before_guests() -> None:
     unit = render("nvidia_driver/pvegpu-nvidia-devices.service.j2", gpus=8)
-    assert "Before=pve-guests.service\n" in unit
-    assert "After=systemd-modules-load.service\n" in unit
-    lines = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert lines == [
+    body = [line for line in unit.splitlines() if not line.startswith("#")]
+    assert body == [
+        "[Unit]",
+        "Description=NVIDIA device nodes for containers (pvegpu)",
+        "After=systemd-modules-load.service",
+        "Before=pve-guests.service",
+        "",
+        "[Service]",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
         "ExecStart=/usr/bin/nvidia-modprobe -c 0 -c 1 -c 2 -c 3 -c 4 -c 5 -c 6 -c 7 -c 255 -m",
         "ExecStart=/usr/bin/nvidia-modprobe -u -c 0",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
     ]
-    assert "Type=oneshot\nRemainAfterExit=yes\n" in unit
+    assert "# /dev/nvidia0..7, /dev/nvidiactl (minor 255) and /dev/nvidia-modeset.\n" in unit
 
 
 def test_modules_load_drop_in() -> None:

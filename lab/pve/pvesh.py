@@ -1159,16 +1159,24 @@ def _pending_deletes(conf: GuestConfig) -> list[str]:
     return [k.lstrip("!") for k in conf.pending.get("delete", "").split(",") if k]
 
 
-def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
-    settings = call.settings
-    vmid = call.path_params["vmid"]
+def _config_update(call: Call, schema: Callable[[str], P | None]) -> tuple[dict[str, str], list[str]]:
+    """A config PUT's keys to set and keys to delete: `no options specified` when there are none, an
+    unknown key to delete refused by `schema` (the guest type's key schema)."""
     changes = _config_keys(call.params)
     deletes = [k for k in re.split(r"[,;\s]+", call.params.get("delete", "")) if k]
     if not changes and not deletes and not call.params.get("revert"):
         raise DieError("no options specified\n")
     for key in deletes:
-        if _qemu_extra(key) is None:
+        if schema(key) is None:
             raise ParamError({"delete": f"unknown option '{key}'"})
+    return changes, deletes
+
+
+def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
+    settings = call.settings
+    vmid = call.path_params["vmid"]
+    changes, deletes = _config_update(call, _qemu_extra)
+    for key in deletes:
         if key in changes:
             raise ParamError({"delete": f"you can't use '-{key}' and -delete {key}' at the same time"})
     with locked(settings):
@@ -1391,13 +1399,7 @@ def get_lxc_config(call: Call) -> Json:
 
 
 def update_lxc_config(call: Call) -> Json:
-    changes = _config_keys(call.params)
-    deletes = [k for k in re.split(r"[,;\s]+", call.params.get("delete", "")) if k]
-    if not changes and not deletes and not call.params.get("revert"):
-        raise DieError("no options specified\n")
-    for key in deletes:
-        if _lxc_extra(key) is None:
-            raise ParamError({"delete": f"unknown option '{key}'"})
+    changes, deletes = _config_update(call, _lxc_extra)
     with locked(call.settings):
         conf = _load_guest(call, "lxc")
         if "digest" in call.params and call.params["digest"] != conf.digest:

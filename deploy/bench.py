@@ -1,10 +1,9 @@
 """`pyinfra INVENTORY deploy/bench.py`: SGLang's serving benchmark on each serving host (groups `vm_guests`,
 `lxc_guests`, `baremetal_hosts`) at concurrency 1 and N, results saved, tabled and plotted on this machine
-(roles/bench.py)."""
+(roles/bench.py). Every other host is left alone."""
 
-from pyinfra.context import host
-
+from pvegpu.dispatch import dispatch
+from pvegpu.models.groups import SERVING
 from roles.bench import bench
 
-if {"vm_guests", "lxc_guests", "baremetal_hosts"} & set(host.groups):
-    bench()
+dispatch("deploy/bench.py", [(SERVING, [bench])])

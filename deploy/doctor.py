@@ -1,17 +1,13 @@
-"""`pyinfra INVENTORY deploy/doctor.py`: read-only report of every host (no change is ever made).
+"""`pyinfra INVENTORY deploy/doctor.py`: read-only report (no change is ever made).
 
-Proxmox nodes and bare-metal hosts: GPU topology and host checks. Serving hosts (groups `vm_guests`,
-`lxc_guests`, `baremetal_hosts`): the NCCL transports the running SGLang service uses, checked against the
-profile's P2P expectation.
+Proxmox nodes and bare-metal hosts (`pve_nodes`, `baremetal_hosts`): GPU topology and host checks. Serving
+hosts (`vm_guests`, `lxc_guests`, `baremetal_hosts`): the NCCL transports the running SGLang service uses,
+checked against the profile's P2P expectation. Every other host is left alone.
 """
 
-from pyinfra.context import host
-
+from pvegpu.dispatch import dispatch
+from pvegpu.models.groups import BAREMETAL_HOSTS, PVE_NODES, SERVING
 from roles.doctor import node_report
 from roles.sglang import nccl_transports
 
-groups = set(host.groups)
-if not groups & {"vm_guests", "lxc_guests"}:
-    node_report()
-if groups & {"vm_guests", "lxc_guests", "baremetal_hosts"}:
-    nccl_transports()
+dispatch("deploy/doctor.py", [((PVE_NODES, BAREMETAL_HOSTS), [node_report]), (SERVING, [nccl_transports])])

@@ -1,16 +1,10 @@
-"""`pyinfra INVENTORY deploy/guest.py`: the NVIDIA driver and the SGLang service on each serving guest:
-group `vm_guests` (the VMs' guests: the driver with its module) and `lxc_guests` (containers: userspace
-only, at the host module's version); roles/nvidia_driver.py, roles/sglang.py. A bare-metal host's driver
-and service come with deploy/site.py."""
+"""`pyinfra INVENTORY deploy/guest.py`: the NVIDIA driver and the SGLang service on each guest: group
+`vm_guests` (the VMs' guests: the driver with its module) and `lxc_guests` (containers: userspace only, at
+the host module's version); roles/site.py `serving`. Every other host is left alone (a bare-metal host's
+driver and service come with deploy/site.py)."""
 
-from pyinfra.context import host
+from pvegpu.dispatch import dispatch
+from pvegpu.models.groups import LXC_GUESTS, VM_GUESTS
+from roles.site import serving
 
-from roles.nvidia_driver import nvidia_driver
-from roles.sglang import sglang
-
-if "vm_guests" in host.groups:
-    nvidia_driver()
-    sglang()
-if "lxc_guests" in host.groups:
-    nvidia_driver(placement="container")
-    sglang()
+dispatch("deploy/guest.py", [((VM_GUESTS, LXC_GUESTS), [serving])])

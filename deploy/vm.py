@@ -1,11 +1,9 @@
-"""`pyinfra INVENTORY deploy/vm.py`: PCI mappings from live IOMMU groups, then the Q35 VM, started
-(Proxmox nodes: group `pve_nodes`)."""
+"""`pyinfra INVENTORY deploy/vm.py`: on each Proxmox node (group `pve_nodes`), the PCI mappings from the
+live IOMMU groups, then the Q35 VM, started. Every other host is left alone."""
 
-from pyinfra.context import host
-
+from pvegpu.dispatch import dispatch
+from pvegpu.models.groups import PVE_NODES
 from roles.pci_mapping import pci_mapping
 from roles.q35_vm import q35_vm_role
 
-if "pve_nodes" in host.groups:
-    pci_mapping()
-    q35_vm_role()
+dispatch("deploy/vm.py", [((PVE_NODES,), [pci_mapping, q35_vm_role])])

@@ -7,6 +7,11 @@ guests of both kinds get `driver` and `sglang` data pointing at their local stan
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
 
+$PVEGPU_PROFILE picks the nodes' profile (`vm` by default; `lxc`, `baremetal`), as inventory/lxc.py and
+inventory/baremetal.py do for a real node: `PVEGPU_PROFILE=baremetal pyinfra -y inventory/lab.py
+deploy/site.py` switches the lab node to bare metal, `pyinfra -y inventory/lab.py deploy/site.py` back. On
+`baremetal` a node serves itself (group `baremetal_hosts`); on `lxc` it declares the container (`lxc`).
+
 Each host's `node` data declares what its topology was generated with (the GPU model ids and how many cards),
 and where its fake sysfs and kernel command line are (`/sys`, `/proc/cmdline`, or /opt/... on nspawn hosts).
 SSH: root, with the host's own key; host keys are checked strictly against the lab's known_hosts file, where
@@ -15,6 +20,7 @@ the lab records each host's key when it starts it. Run pyinfra from the reposito
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from lab import guest_payload
@@ -78,31 +84,50 @@ GUEST_DATA: dict[str, Any] = {
 # Proxmox lab nodes (`python -m lab up NAME --pve`) get a VM and reach the pvesh stand-in over SSH with the
 # host's own SSH settings (deploy/vm.py, deploy/rebuild_vm.py).
 # The lab's reboot is a stand-in (lab/boot.py) that applies the written boot configuration, so it is allowed.
+# A node's own driver (profiles `lxc`, `baremetal`) comes from the same stand-in repository, reboot allowed.
 PVE_DATA: dict[str, Any] = {
     "pve_host": {"allow_reboot": True},
     "vm": {"vmid": 100, "name": "llm", "cores": 4, "memory": 8192, "disk": {"size_gib": 32}},
     "pve": {"backend": "ssh"},
+    "driver": {**GUEST_DATA["driver"], "allow_reboot": True},
 }
+CONTAINER: dict[str, Any] = {
+    "vmid": 200,
+    "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
+}
+PROFILE = os.environ.get("PVEGPU_PROFILE", "vm")
 
 
 def _pve(host: LabHost) -> dict[str, Any]:
-    return PVE_DATA if pve_node.role_of(host) == "pve" else {}
+    if pve_node.role_of(host) != "pve":
+        return {}
+    serving = {"sglang": GUEST_DATA["sglang"]} if PROFILE == "baremetal" else {}
+    container = {"lxc": CONTAINER} if PROFILE == "lxc" else {}
+    return {**PVE_DATA, **serving, **container}
 
 
 pve_nodes = exit_on_invalid(
     [
-        (host.name, {"node": _node(host), **_pve(host), **_ssh(host)})
+        (host.name, {"node": _node(host, PROFILE), **_pve(host), **_ssh(host)})
         for host in _hosts
         if not _is_guest(host) and not _is_container(host)
     ]
 )
+# On `baremetal` the Proxmox lab nodes serve themselves.
+baremetal_hosts = exit_on_invalid_guests([(name, data) for name, data in pve_nodes if "sglang" in data])
+# As inventory.py, inventory/lxc.py and inventory/baremetal.py do: the VMs' guests serve on `vm`, the
+# containers on `lxc` (a guest of the profile not in use is stopped by the switch).
 vm_guests = exit_on_invalid_guests(
-    [(host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)}) for host in _hosts if _is_guest(host)]
+    [
+        (host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)})
+        for host in _hosts
+        if _is_guest(host) and PROFILE == "vm"
+    ]
 )
 lxc_guests = exit_on_invalid_guests(
     [
         (host.name, {"node": _node(host, "lxc"), **GUEST_DATA, **_ssh(host)})
         for host in _hosts
-        if _is_container(host)
+        if _is_container(host) and PROFILE == "lxc"
     ]
 )

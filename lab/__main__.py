@@ -14,7 +14,7 @@ import os
 import sys
 from typing import cast
 
-from lab import boot, fakesys, hosts, root
+from lab import boot, fakesys, guest_payload, hosts, root
 from lab.pve import node as pve_node
 
 
@@ -41,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         choices=boot.LAYOUTS,
         help="a bootloader layout (GRUB or systemd-boot) and the lab's reboot stand-in (lab/boot.py)",
     )
-    retopo = commands.add_parser("retopo", help="rewrite a running host's fake sysfs (the BIOS changed)")
+    retopo = commands.add_parser(
+        "retopo",
+        help="the BIOS changed: a Proxmox node's VMs stop, the fake sysfs is rewritten, the node boots again",
+    )
     retopo.add_argument("name")
     retopo.add_argument("topology", choices=sorted(fakesys.TOPOLOGIES))
     down = commands.add_parser("down", help="stop hosts and remove everything they left")
@@ -72,13 +75,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.replace:
                     hosts.down(args.name)
                 host = pve_node.up(args.name, args.topology, mode)
+                # The stand-in NVIDIA repository, for the host driver of the `lxc` / `baremetal` profiles.
+                guest_payload.install(host)
             else:
                 host = hosts.up(args.name, args.topology, mode, replace=args.replace)
             if args.boot:
                 boot.install(host, args.boot)
             print(_describe(host))
         elif args.command == "retopo":
-            print(_describe(hosts.retopo(args.name, args.topology)))
+            print(_describe(pve_node.bios_change(args.name, args.topology)))
         elif args.command == "down":
             names = hosts.down_all() if args.all else [args.name] if hosts.down(args.name) else []
             print("stopped: " + (" ".join(names) or "nothing"))

@@ -3,12 +3,16 @@
 `install(host, layout)` turns a running lab host into a Proxmox node that boots with `layout`:
 
 - `grub`: /etc/default/grub (Debian's default file, with the Proxmox installer's `quiet`), and a stand-in
-  `update-grub` (the real one cannot probe the overlay root device; the stand-in sources the same files).
-- `systemd-boot`: /etc/kernel/cmdline (a ZFS install's), /etc/kernel/proxmox-boot-uuids with one ESP, and a
-  stand-in `proxmox-boot-tool` (`status`, `refresh`; every call recorded).
-- both: a stand-in `reboot` that applies the written boot state to the node's running command line and
-  fake sysfs driver links (lab/boot_standins/reboot.py says exactly how). The running command line is set
-  to what the layout boots now. Debian's real `update-initramfs` stays (it has no kernel to build for).
+  `update-grub` (the real one cannot probe the overlay root device; the stand-in sources the same files and
+  writes /boot/grub/grub.cfg as grub-mkconfig would).
+- `systemd-boot`: /etc/kernel/cmdline (a ZFS install's), /etc/kernel/proxmox-boot-uuids with one ESP, a
+  stand-in `proxmox-boot-tool` (`status`, `refresh` writing the ESP's loader entry; every call recorded) and
+  a `mount` wrapper that mounts the lab ESP (a directory) for its /dev/disk/by-uuid path.
+- both: a stand-in `update-initramfs` (a lab node has no modules to pack: its /boot/initrd.img-<kernel>
+  records the modprobe configuration a real image carries), and a stand-in `reboot` that applies the written
+  boot state to the node's running command line and fake sysfs driver links (lab/boot_standins/reboot.py says
+  exactly how). The running command line is set to what the layout boots now; the generated boot state
+  (grub.cfg or the ESP entry, the initramfs) is generated once by the stand-ins, as an installed host has it.
 
 Stand-ins go to /usr/local/sbin, ahead of /usr/sbin on root's PATH; each says it is a stand-in.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -54,16 +59,26 @@ def install(host: LabHost, layout: Layout) -> None:
     }
     _write(root / "etc/pvegpu-lab/boot.json", json.dumps(settings, indent=1, sort_keys=True) + "\n")
     _standin(root, "reboot.py", "reboot")
+    _standin(root, "update-initramfs", "update-initramfs")
     if layout == "grub":
         default = (root / "usr/share/grub/default/grub").read_text()
         _write(root / "etc/default/grub", default)
         _standin(root, "update-grub", "update-grub")
+        generate = ["update-grub"]
         running = GRUB_RUNNING
     else:
         _write(root / "etc/kernel/cmdline", f"{SYSTEMD_BOOT_CMDLINE}\n")
         _write(root / "etc/kernel/proxmox-boot-uuids", f"{ESP_UUID}\n")
         _standin(root, "proxmox-boot-tool", "proxmox-boot-tool")
+        _standin(root, "mount", "mount")
+        generate = ["proxmox-boot-tool", "refresh"]
         running = f"initrd={ESP_INITRD} {SYSTEMD_BOOT_CMDLINE}"
+    for argv in (generate, ["update-initramfs", "-u", "-k", "all"]):
+        subprocess.run(
+            ["chroot", str(root), f"/usr/local/sbin/{argv[0]}", *argv[1:]], check=True, capture_output=True
+        )
+    for log in (*generate[:1], "update-initramfs"):  # the logs record what pvegpu ran, not the install
+        (root / f"var/log/pvegpu-lab/{log}.log").unlink()
     running_cmdline_file(host).write_text(f"{running}\n")
 
 

@@ -33,7 +33,6 @@ GEN5_X16 = Link("32.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16)
 GEN4_X16 = Link("16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16)
 GEN5_CARD_ON_GEN4 = Link("16.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16)
 GEN4_X4 = Link("16.0 GT/s PCIe", 4, "16.0 GT/s PCIe", 4)
-GEN3_X1 = Link("8.0 GT/s PCIe", 1, "8.0 GT/s PCIe", 1)
 GEN2_X1 = Link("5.0 GT/s PCIe", 1, "5.0 GT/s PCIe", 1)
 
 NUMA_CPULISTS = {0: "0-31,64-95", 1: "32-63,96-127"}  # 2 x 32 cores with SMT

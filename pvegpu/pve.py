@@ -39,12 +39,12 @@ from pvegpu.models.pve import (
     GuestConfig,
     MappingCheck,
     MappingState,
-    NodePciDevice,
     PciMapping,
     Severity,
     TaskStatus,
     VmStatus,
 )
+from pvegpu.wait import WaitTimeoutError, wait_until
 
 Method = Literal["GET", "POST", "PUT", "DELETE"]
 Value = str | int | bool | Sequence[str]
@@ -360,12 +360,6 @@ class PveClient:
         """`DELETE /cluster/mapping/pci/{id}` (a missing id is not an error)."""
         self.call("DELETE", f"/cluster/mapping/pci/{mapping_id}", {})
 
-    # -- node hardware
-    def node_pci(self, node: str) -> tuple[NodePciDevice, ...]:
-        """`GET /nodes/{node}/hardware/pci` with the class filter off: every function."""
-        data = self.call("GET", f"/nodes/{node}/hardware/pci", {"pci-class-blacklist": ""})
-        return tuple(_pci_device(_dict(item)) for item in _list(data))
-
     # -- qemu
     def create_vm(self, node: str, vmid: int, config: Params) -> str:
         """`POST /nodes/{node}/qemu`; returns the UPID (wait for it: creation runs as a task)."""
@@ -455,16 +449,25 @@ class PveClient:
         Raises TaskFailedError with the exitstatus (`WARNINGS: N` included: it is not `OK`) and
         TaskTimeoutError when it is still running after `timeout` seconds.
         """
-        deadline = clock() + timeout
-        while True:
+        ended: list[TaskStatus] = []
+
+        def running() -> str | None:
             status = self.task_status(upid)
-            if status.status == "stopped":
-                if status.exitstatus != "OK":
-                    raise TaskFailedError(upid, status.exitstatus or "task stopped without an exit status")
-                return status
-            if clock() >= deadline:
-                raise TaskTimeoutError(upid, timeout)
-            sleep(interval)
+            if status.status != "stopped":
+                return status.status
+            ended.append(status)
+            return None
+
+        try:
+            wait_until(
+                running, timeout, f"task {upid} still running", interval_s=interval, clock=clock, sleep=sleep
+            )
+        except WaitTimeoutError:
+            raise TaskTimeoutError(upid, timeout) from None
+        status = ended[0]
+        if status.exitstatus != "OK":
+            raise TaskFailedError(upid, status.exitstatus or "task stopped without an exit status")
+        return status
 
 
 def upid_node(upid: str) -> str:
@@ -515,23 +518,6 @@ def _mapping_state(item: object, *, checked: bool) -> MappingState:
 
 def _flag(value: object) -> bool | None:
     return None if value is None else str(value) == "1"
-
-
-def _pci_device(data: dict[str, object]) -> NodePciDevice:
-    def hex_id(key: str) -> str | None:
-        value = data.get(key)
-        return None if value is None else str(value).removeprefix("0x")
-
-    return NodePciDevice(
-        address=str(data["id"]),
-        class_code=int(str(data["class"]), 16),
-        vendor=str(hex_id("vendor")),
-        device=str(hex_id("device")),
-        subsystem_vendor=hex_id("subsystem_vendor"),
-        subsystem_device=hex_id("subsystem_device"),
-        iommugroup=int(str(data["iommugroup"])),
-        mdev=str(data.get("mdev", 0)) == "1",
-    )
 
 
 def _guest_config(data: object) -> GuestConfig:

@@ -15,9 +15,7 @@ from pyinfra.context import host
 from pyinfra.operations import files, python
 
 from pvegpu.bench_report import write_reports
-from pvegpu.models.bench import BENCH_KEY, BenchSpec
-from pvegpu.models.inventory import spec_of
-from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.specs import host_specs
 from pvegpu.operations.bench import serving_benchmark
 from pvegpu.plan.bench import bench_argv
 from pvegpu.plan.sglang_service import probe_host
@@ -28,8 +26,8 @@ REMOTE_DIR = "/var/lib/pvegpu/bench"
 @deploy("Benchmark SGLang")
 def bench() -> None:
     """One benchmark run per concurrency level, then fetch and report."""
-    spec = spec_of(host.data, BENCH_KEY, BenchSpec)
-    sglang = spec_of(host.data, SGLANG_KEY, SglangSpec)
+    specs = host_specs(host.data)
+    spec, sglang = specs.bench, specs.sglang
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     remote = f"{REMOTE_DIR}/{run_id}.jsonl"
     results = Path(spec.results_dir).resolve()

@@ -10,12 +10,12 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.host_checks import HostChecks
+from pvegpu.host_plan import plan_of
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.models.inventory import NodeSpec
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
-from pvegpu.plan.topology import Topology, plan_topology
+from pvegpu.plan.topology import Topology
 from pvegpu.report import render_table
 
 # Where the JSON reports go on the operator's machine (one file per host); relative to the working directory.
@@ -27,13 +27,11 @@ REPORT_DIR = "pvegpu-doctor"
 def node_report() -> None:
     """The GPU topology and the host checks, from two remote commands (`PciHardware`, `HostChecks`).
 
-    pyinfra 3 does not cache facts, so the hardware fact is read once here and given to both reports.
+    The hardware and topology come from the host's plan (read once per run).
     """
-    spec = spec_of(host.data, NODE_KEY, NodeSpec)
-    hardware = hardware_of(host, spec.sysfs_root)
-    topology = plan_topology(hardware, spec.gpus)
-    _gpu_topology(spec, topology)
-    _host_checks(spec, hardware, topology)
+    plan = plan_of(host)
+    _gpu_topology(plan.specs.node, plan.topology)
+    _host_checks(plan.specs.node, plan.hardware, plan.topology)
 
 
 def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:

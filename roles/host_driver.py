@@ -8,16 +8,15 @@ from __future__ import annotations
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.models.host import HOST_KEY, HostSpec
-from pvegpu.models.inventory import spec_of
+from pvegpu.host_plan import plan_of
 from pvegpu.operations.host_driver import host_driver_parked
-from roles.pci_mapping import node_of
 
 
 @deploy("Park what the host-driver profiles left on the host")
 def host_driver_parked_role() -> None:
+    plan = plan_of(host)
     host_driver_parked(
         name="Stop and disable what this profile does not use on the host",
-        profile=node_of(host).profile,
-        allow_stop=spec_of(host.data, HOST_KEY, HostSpec).allow_reboot,
+        profile=plan.profile,
+        allow_stop=plan.specs.host.allow_reboot,
     )

@@ -27,9 +27,7 @@ from pyinfra.facts.server import KernelVersion, LinuxDistribution
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.facts.hardware import hardware_of
-from pvegpu.models.driver import DRIVER_KEY, DriverSpec
-from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.host_plan import plan_of
 from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
 from pvegpu.operations.render import render
 from pvegpu.plan.driver import (
@@ -46,7 +44,6 @@ from pvegpu.plan.driver import (
 )
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
-from pvegpu.plan.topology import plan_topology
 
 NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
 PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
@@ -55,8 +52,8 @@ PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
 @deploy("Install the NVIDIA driver")
 def nvidia_driver(placement: Placement = "guest") -> None:
     """CUDA repository, pinned packages for `placement`, then what the placement needs (module docstring)."""
-    node = spec_of(host.data, NODE_KEY, NodeSpec)
-    driver = spec_of(host.data, DRIVER_KEY, DriverSpec)
+    plan = plan_of(host)
+    node, driver = plan.specs.node, plan.specs.driver
     release = host.get_fact(LinuxDistribution)["release_meta"]
     try:
         problems = flavour_problems(driver, node.gpus.ids)
@@ -94,11 +91,7 @@ def nvidia_driver(placement: Placement = "guest") -> None:
     )
     installing = packages.will_change
     # The device unit makes a node per GPU the host has (from the topology: `node.gpus.count` may be unset).
-    gpus = (
-        len(plan_topology(hardware_of(host, node.sysfs_root), node.gpus).gpus)
-        if placement == "pve-host"
-        else 0
-    )
+    gpus = len(plan.topology.gpus) if placement == "pve-host" else 0
     unit = None if container else _module_side(placement, gpus)
     driver_module(
         name="Check the host's kernel module is the pinned one"

@@ -3,8 +3,10 @@
 System user, venv with the pinned SGLang, model directory (optional download), `/etc/pvegpu/sglang.env`
 (0600: the NCCL plan, each variable after its reason) and `sglang.service` from templates; the service
 restarts only when its unit, environment or venv changed, then pvegpu waits for /health and /v1/models.
-A layout that does not fit the GPUs found, or an argv the pinned SGLang would refuse, fails while
-operations are collected, before any host is changed.
+A layout that does not fit the GPUs found, an argv the pinned SGLang would refuse, an extra argument the
+profile refuses, or a key file that is missing or breaks the rules of `pvegpu.plan.secret_files` fails while
+operations are collected, before any host is changed (a running service keeps running). The keys reach
+SGLang through systemd credentials and a `--config` file (`pvegpu.plan.sglang_service`).
 """
 
 from __future__ import annotations
@@ -18,19 +20,28 @@ from pyinfra.context import host
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.nccl import check_transports, summarize
+from pvegpu.facts.secret_files import SecretFiles
 from pvegpu.facts.sglang import SglangNcclChannels
-from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
-from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.host_plan import plan_of
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
-from pvegpu.plan.sglang import plan_sglang_argv
-from pvegpu.plan.sglang_service import CREDENTIAL, ENV_FILE, SERVICE, UNIT_FILE, exec_start, probe_host
-from pvegpu.plan.topology import plan_topology
+from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
+from pvegpu.plan.sglang_service import (
+    ENV_FILE,
+    SECRETS_SCRIPT,
+    SERVICE,
+    UNIT_FILE,
+    credentials,
+    exec_start,
+    exec_start_pre,
+    key_file_problems,
+    key_files,
+    probe_host,
+)
 
 _P2P_NOTE = (
     "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
@@ -48,13 +59,19 @@ PROFILE_NOTES = {
 @deploy("Serve the model with SGLang")
 def sglang() -> None:
     """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
-    node = spec_of(host.data, NODE_KEY, NodeSpec)
-    spec = spec_of(host.data, SGLANG_KEY, SglangSpec)
-    hardware = hardware_of(host, node.sysfs_root)
-    topology = plan_topology(hardware, node.gpus)
+    plan = plan_of(host)
+    node, spec, hardware, topology = plan.specs.node, plan.specs.sglang, plan.hardware, plan.topology
     try:
         nccl = plan_nccl(node.profile, topology, infiniband=has_infiniband(hardware), overrides=spec.env)
         argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
+        paths = tuple(path for _, path, _ in key_files(spec))
+        problems = (
+            *profile_problems(node.profile, spec),
+            *key_file_problems(spec, host.get_fact(SecretFiles, paths=paths)),
+        )
+        if problems:
+            # Before any operation: a bad key never stops (nor restarts) a running service.
+            raise PlanError("\n".join(problems))
     except PlanError as error:
         raise OperationError(f"{host.name}: {error}") from None
 
@@ -85,6 +102,22 @@ def sglang() -> None:
             token_file=spec.hf_token_file,
         )
     files.directory(name="Create /etc/pvegpu", path="/etc/pvegpu", mode="755")
+    files.directory(name="Create /usr/local/lib/pvegpu", path="/usr/local/lib/pvegpu", mode="755")
+    script = files.put(
+        name="Write the script that gives SGLang its keys from systemd credentials",
+        src=StringIO(
+            render(
+                "sglang/sglang-secrets.py.j2",
+                user=spec.user,
+                config=SECRETS_CONFIG,
+                options=[name for name, _ in credentials(spec)],
+            )
+        ),
+        dest=SECRETS_SCRIPT,
+        user="root",
+        group="root",
+        mode="644",
+    )
     env = files.put(
         name="Write the service environment (NCCL settings with their reasons)",
         src=StringIO(
@@ -110,8 +143,9 @@ def sglang() -> None:
                 model_path=spec.model_path,
                 user=spec.user,
                 env_file=ENV_FILE,
-                api_key_file=spec.api_key_file,
-                credential=CREDENTIAL,
+                credentials=credentials(spec),
+                runtime_directory=RUNTIME_DIRECTORY,
+                exec_start_pre=exec_start_pre(spec),
                 exec_start=exec_start(spec, argv),
             )
         ),
@@ -125,7 +159,7 @@ def sglang() -> None:
         name="Start or restart SGLang (its unit, environment or venv changed)",
         service=SERVICE,
         restarted=True,
-        _if=any_changed(unit, env, venv),
+        _if=any_changed(unit, env, venv, script),
     )
     started = systemd.service(
         name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True
@@ -136,7 +170,7 @@ def sglang() -> None:
         base_url=f"http://{probe_host(spec.host)}:{spec.port}",
         key_file=spec.api_key_file,
         timeout_s=spec.start_timeout_s,
-        starting=started.will_change or unit.will_change or env.will_change or venv.will_change,
+        starting=any(op.will_change for op in (started, unit, env, venv, script)),
     )
 
 
@@ -144,8 +178,8 @@ def sglang() -> None:
 def nccl_transports() -> None:
     """Read-only (for deploy/doctor.py): the transport per rank pair from the running service's NCCL log,
     and a warning for each pair that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P)."""
-    node = spec_of(host.data, NODE_KEY, NodeSpec)
-    single_node = spec_of(host.data, SGLANG_KEY, SglangSpec).nnodes == 1
+    plan = plan_of(host)
+    node, single_node = plan.specs.node, plan.specs.sglang.nnodes == 1
     records = host.get_fact(SglangNcclChannels)
     pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
     if pairs:

@@ -5,8 +5,8 @@ A lab node cannot boot a kernel, so "rebooting" applies what the next boot would
 fake running state, from the files the bootloader, modprobe and systemd would really read:
 
 - kernel command line: GRUB layout: the `linux` line of /boot/grub/grub.cfg (written by update-grub);
-  systemd-boot layout: the options proxmox-boot-tool copied to the ESP at its last `refresh`. Without
-  those (never refreshed), the command line stays as it was, as on a real host.
+  systemd-boot layout: the `options` of the first ESP's loader entry for the lab's kernel (written by
+  proxmox-boot-tool's `refresh`). Without those, the command line stays as it was.
 - drivers: when vfio-pci loads at boot (vfio_pci in /etc/modules-load.d/*.conf) and the IOMMU is on
   (`amd_iommu=on` / `intel_iommu=on` on the new command line), every function matching
   `options vfio-pci ids=` or an address in an `install vfio-pci` driver_override line is bound to vfio-pci
@@ -43,7 +43,9 @@ import sys
 from pathlib import Path
 
 CONFIG = Path("/etc/pvegpu-lab/boot.json")
-ESP_CMDLINE = Path("/var/lib/pvegpu-lab/esp/cmdline")
+ESP_ROOT = Path("/var/lib/pvegpu-lab/esp")
+ESP_LIST = Path("/etc/kernel/proxmox-boot-uuids")
+KERNEL_FILE = Path("/etc/pvegpu-lab/kernel")
 GRUB_CFG = Path("/boot/grub/grub.cfg")
 LOG = Path("/var/log/pvegpu-lab/reboot.log")
 NVIDIA_ENV = Path("/etc/pvegpu-lab/nvidia.env")
@@ -66,9 +68,16 @@ def next_cmdline(config: dict[str, str], running: str) -> str:
             if words[:1] == ["linux"]:
                 return " ".join([f"BOOT_IMAGE={words[1]}", *words[2:]])
         return running
-    if not ESP_CMDLINE.is_file():
+    uuids = ESP_LIST.read_text().split() if ESP_LIST.is_file() else []
+    kernel = KERNEL_FILE.read_text().strip()
+    entry = ESP_ROOT / uuids[0] / f"loader/entries/proxmox-{kernel}.conf" if uuids else None
+    if entry is None or not entry.is_file():
         return running
-    return f"initrd={config['esp_initrd']} {ESP_CMDLINE.read_text().strip()}"
+    for line in entry.read_text().splitlines():
+        words = line.split(maxsplit=1)
+        if words[:1] == ["options"]:
+            return f"initrd={config['esp_initrd']} {words[1].strip() if len(words) > 1 else ''}".strip()
+    return running
 
 
 def vfio_selection() -> tuple[set[str], set[str], bool]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -98,3 +99,27 @@ def up(
         hosts.down(name)
         raise
     return host
+
+
+def bios_change(name: str, topology: str) -> hosts.LabHost:
+    """What a BIOS change does to lab host `name`: a Proxmox node goes down first (its running VMs stop);
+    the firmware renumbers buses and groups (the fake sysfs is rewritten with `topology`); the node boots
+    again (the lab's reboot stand-in applies its boot configuration, when a boot layout is installed)."""
+    host = hosts.get_host(name)
+    if role_of(host) == "pve":
+        for conf in sorted((host.root / "etc/pve/qemu-server").glob("*.conf")):
+            path = f"/nodes/{name}/qemu/{conf.stem}/status"
+            status = json.loads(_ssh(host, f"pvesh get {path}/current --output-format json"))
+            if status["status"] == "running":
+                _ssh(host, f"pvesh create {path}/stop")
+    host = hosts.retopo(name, topology)
+    if (host.root / "usr/local/sbin/reboot").exists():
+        _ssh(host, "reboot")
+    return host
+
+
+def _ssh(host: hosts.LabHost, command: str) -> str:
+    done = subprocess.run(hosts.ssh_argv(host, command), check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise hosts.LabError(f"{host.name}: {command}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout

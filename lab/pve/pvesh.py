@@ -56,7 +56,7 @@ pvesh - the pvegpu lab's STAND-IN for Proxmox VE's pvesh (not Proxmox; see /usr/
 
 USAGE: pvesh <get|set|create|delete> <api_path> [OPTIONS] [--output-format json|json-pretty]
 
-Endpoints: /version, /cluster/mapping/pci[/{id}], /nodes/{node}/hardware/pci, /nodes/{node}/qemu,
+Endpoints: /version, /cluster/mapping/pci[/{id}], /nodes/{node}/qemu,
 /nodes/{node}/qemu/{vmid}/config, /nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},
 /nodes/{node}/lxc[/{vmid}/config|/{vmid}/status/{current|start|stop}],
 /nodes/{node}/tasks/{upid}/status
@@ -331,8 +331,6 @@ DEV_FMT: dict[str, P] = {
     "mode": P(pattern=r"0[0-7]{3}"),
     "deny-write": P(type="boolean"),
 }
-STRING = P()
-INT = P(type="integer")
 BOOL = P(type="boolean")
 
 QEMU_KEYS: dict[str, P] = {
@@ -788,47 +786,12 @@ def get_task_status(call: Call) -> Json:
     return result
 
 
-# --- endpoints: version, hardware ----------------------------------------------------------------------
+# --- endpoints: version --------------------------------------------------------------------------------
 
 
 def get_version(call: Call) -> Json:
     s = call.settings
     return {"release": s.release, "repoid": sha1(s.version.encode())[:8], "version": s.version}
-
-
-def get_hardware_pci(call: Call) -> Json:
-    blacklist_text = call.params.get("pci-class-blacklist", "05;06;0b")
-    blacklist = [c for c in re.split(r"[,;\s]+", blacklist_text) if c]
-    verbose = call.params.get("verbose", 1)
-    devices = call.settings.sysfs_root / "bus/pci/devices"
-    result = []
-    for address in sorted(p.name for p in devices.iterdir()):
-        device = devices / address
-        pci_class = _attr(device, "class") or ""
-        if any(pci_class[2:].startswith(c) for c in blacklist):
-            continue
-        entry: dict[str, Any] = {
-            "id": address,
-            "class": pci_class,
-            "vendor": _attr(device, "vendor"),
-            "device": _attr(device, "device"),
-        }
-        try:
-            group = re.search(r"(\d+)$", os.readlink(device / "iommu_group"))
-            entry["iommugroup"] = int(group.group(1)) if group else -1
-        except OSError:
-            entry["iommugroup"] = -1
-        if (device / "mdev_supported_types").is_dir():
-            entry["mdev"] = 1
-        if (device / "nvidia").is_dir():
-            entry["mdev"], entry["nvidia"] = 1, 1
-        if verbose:
-            for name in ("subsystem_vendor", "subsystem_device"):
-                value = _attr(device, name)
-                if value is not None:
-                    entry[name] = value
-        result.append(entry)
-    return result
 
 
 # --- endpoints: cluster PCI mappings -------------------------------------------------------------------
@@ -1593,11 +1556,6 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
         ),
     ),
     ("delete", r"cluster/mapping/pci/(?P<id>[^/]+)", Endpoint("DELETE", {}, delete_mapping, True)),
-    (
-        "get",
-        r"nodes/(?P<node>[^/]+)/hardware/pci",
-        Endpoint("GET", {"pci-class-blacklist": P(list_format=True), "verbose": BOOL}, get_hardware_pci),
-    ),
     (
         "create",
         r"nodes/(?P<node>[^/]+)/qemu",

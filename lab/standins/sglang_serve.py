@@ -9,7 +9,8 @@ tests/unit/test_lab_standins.py holds both to the same verdicts): unknown option
 options, an option twice, missing or bad values, missing required options exit 2 with
 `sglang serve: error: <problem>` lines on stderr, like argparse. Then it serves on --host/--port:
 `GET /health` and `GET /ready` (never need the key), `GET /v1/models`, `POST /v1/chat/completions`
-(answers "STAND-IN reply to: <last user message>"), `GET /metrics` with --enable-metrics. With --api-key,
+(answers "STAND-IN reply to: <last user message>"), `GET /metrics` with --enable-metrics. `--config FILE`
+is merged as SGLang merges it (`merge_config`). With --api-key (or `api-key:` in the config file),
 everything else needs `Authorization: Bearer <key>` (401 otherwise), as SGLang does. With NCCL_DEBUG=INFO it
 logs the NCCL channel lines the real server would, with the transport the flags imply (SHM when
 --enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor has something to read.
@@ -213,12 +214,40 @@ def make_handler(values: dict[str, list[str]], api_key: str | None) -> type[Base
     return Handler
 
 
+def merge_config(argv: list[str]) -> list[str]:
+    """SGLang 0.5.23's `--config` merge (`ConfigArgumentMerger`): the word after the one `--config` names a
+    `.yaml`/`.yml` file whose root mapping becomes `--key value` words placed before the command line's.
+    STAND-IN: reads only the YAML pvegpu writes, `key: "JSON string"` lines; ValueError like SGLang's."""
+    at = [index for index, word in enumerate(argv) if word == "--config"]
+    if not at:
+        return argv
+    if len(at) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    if at[0] == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = Path(argv[at[0] + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise ValueError(f"Config file not found: {path}")
+    words: list[str] = []
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(": ")
+        words += [f"--{key}", json.loads(value)]
+    return words + argv[: at[0]] + argv[at[0] + 2 :]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] != "serve":
         print("usage: sglang serve [options]  (pvegpu lab STAND-IN)", file=sys.stderr)
         return 2
-    problems, values = check(argv[1:])
+    try:
+        merged = merge_config(argv[1:])
+    except (ValueError, OSError) as error:
+        print(f"sglang serve: error: {error}", file=sys.stderr)
+        return 1
+    problems, values = check(merged)
     if problems:
         for problem in problems:
             print(f"sglang serve: error: {problem}", file=sys.stderr)
@@ -231,9 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     host, port = _one(values, "host", "127.0.0.1"), int(_one(values, "port", "30000"))
     print(f"sglang STAND-IN (pvegpu lab): serving {model_path} on {host}:{port}", flush=True)
     log_nccl_channels(values)
-    server = ThreadingHTTPServer((host, port), make_handler(values, api_key))
+    server = _Server((host, port), make_handler(values, api_key))
     server.serve_forever()
     return 0
+
+
+class _Server(ThreadingHTTPServer):
+    # The benchmark opens `--max-concurrency` connections at once (32 by default): the default listen
+    # backlog of 5 resets the rest, where SGLang's uvicorn accepts them.
+    request_queue_size = 128
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
+from pvegpu.models.boot import CpuKernel
 
 # /proc/cpuinfo `vendor_id` (x86 only) -> the vendor word of the kernel's `<vendor>_iommu=` parameter.
 VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
@@ -16,28 +17,26 @@ _VENDOR_LINE = re.compile(r"vendor_id\s*:\s*(\S+)")
 _RELEASE = re.compile(r"(\d+)\.(\d+)\S*")
 
 
-class CpuVendor(FactBase[str | None]):
-    """`amd` or `intel` from the first `vendor_id` line of /proc/cpuinfo; None without one (not x86)."""
+class CpuAndKernel(FactBase[CpuKernel]):
+    """The running kernel release (`uname -r`, `6.8.12-4-pve` -> (6, 8)) and the CPU vendor (the first
+    `vendor_id` line of /proc/cpuinfo), in one command."""
 
     @override
     def command(self) -> str:
-        return "grep -m1 '^vendor_id' /proc/cpuinfo || true"
+        return "uname -r && { grep -m1 '^vendor_id' /proc/cpuinfo || true; }"
 
     @override
-    def process(self, output: list[str]) -> str | None:
-        return parse_cpu_vendor(output)
+    def process(self, output: list[str]) -> CpuKernel:
+        return parse_cpu_kernel(output)
 
 
-class KernelRelease(FactBase[tuple[int, int]]):
-    """The running kernel's (major, minor) from `uname -r` (`6.8.12-4-pve` -> (6, 8))."""
-
-    @override
-    def command(self) -> str:
-        return "uname -r"
-
-    @override
-    def process(self, output: list[str]) -> tuple[int, int]:
-        return parse_kernel_release(output)
+def parse_cpu_kernel(lines: Sequence[str]) -> CpuKernel:
+    """The output of `CpuAndKernel`'s command: the release line, then at most the vendor line. Pure;
+    raises FactParseError naming what is wrong."""
+    text = [line for line in lines if line.strip()]
+    if not text:
+        raise FactParseError("uname -r: no output")
+    return CpuKernel(vendor=parse_cpu_vendor(text[1:]), release=parse_kernel_release(text[:1]))
 
 
 def parse_cpu_vendor(lines: Sequence[str]) -> str | None:

@@ -1,8 +1,8 @@
 """Read-only host checks for the doctor: interrupt remapping, CPU idle states, NUMA nodes, and the PCI config
 space of the GPUs and the ports above them (ACS, Resizable BAR). One command; parsing is pure.
 
-Config space beyond the first 64 bytes is readable by root only; a shorter read is reported as such, never
-guessed. Extended capabilities (PCIe spec 7.6): a 32-bit header at 0x100 (id: bits 0-15, next: bits 20-31).
+Config space beyond the first 64 bytes is readable by root only: the bytes are returned as read, and
+pvegpu/plan/host_checks.py decodes them (and reports a short read as such).
 """
 
 from __future__ import annotations
@@ -10,39 +10,18 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.sections import marker, split_sections
+from pvegpu.models.host_checks import HostCheckData, IdleState
 
 _SECTIONS = ("interrupts", "cpuidle", "numa", "config", "end")
 _CPUIDLE = re.compile(r".*/cpuidle/state(\d+)/(name|disable):(.*)")
 _NUMA = re.compile(r".*/node/node(\d+)/cpulist:(.*)")
 _CONFIG = re.compile(r"([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ?([0-9a-f]*)")
-EXT_CAP_ACS = 0x000D
-EXT_CAP_REBAR = 0x0015
-EXTENDED_START = 0x100
-
-
-@dataclass(frozen=True)
-class IdleState:
-    index: int
-    name: str
-    disabled: bool
-
-
-@dataclass(frozen=True)
-class HostCheckData:
-    """`remapped_interrupts`: lines of /proc/interrupts on an `IR-` (remapped) chip. `config`: raw config
-    space bytes per address (as long as the read returned)."""
-
-    remapped_interrupts: int
-    idle_states: tuple[IdleState, ...]
-    numa_cpulists: dict[int, str]
-    config: dict[str, bytes]
 
 
 class HostChecks(FactBase[HostCheckData]):
@@ -105,16 +84,3 @@ def parse_host_checks(lines: Sequence[str]) -> HostCheckData:
         config[match[1]] = bytes.fromhex(match[2])
     states = tuple(IdleState(i, names[i], disabled.get(i, False)) for i in sorted(names))
     return HostCheckData(int(counts[0]), states, numa, config)
-
-
-def extended_capabilities(config: bytes) -> dict[int, int]:
-    """Extended capability id -> offset. Pure; {} when the config read stopped before 0x100."""
-    found: dict[int, int] = {}
-    offset = EXTENDED_START
-    while EXTENDED_START <= offset <= len(config) - 4 and offset not in found.values():
-        header = int.from_bytes(config[offset : offset + 4], "little")
-        if header in (0, 0xFFFFFFFF):
-            break
-        found.setdefault(header & 0xFFFF, offset)
-        offset = (header >> 20) & 0xFFC
-    return found

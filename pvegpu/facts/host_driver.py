@@ -10,19 +10,20 @@ from collections.abc import Sequence
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
-from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS, HostDriverState, UnitState
+from pvegpu.models.host_driver import HostDriverState, UnitState
 
 
 class HostDriverFiles(FactBase[HostDriverState]):
-    """`file <path>` for each of pvegpu's driver files that exists; `unit <name> <enabled> <active>` each."""
+    """Which of `files` exist and the state of each of `units` (pvegpu/plan/host_driver.py names them):
+    `file <path>` for each file that exists; `unit <name> <enabled> <active>` for each unit."""
 
     @override
-    def command(self) -> str:
-        paths = " ".join(shlex.quote(path) for path in DRIVER_FILES)
-        units = " ".join(shlex.quote(unit) for unit in DRIVER_UNITS)
+    def command(self, files: Sequence[str], units: Sequence[str]) -> str:
+        paths = " ".join(shlex.quote(path) for path in files)
+        names = " ".join(shlex.quote(unit) for unit in units)
         return (
             f'for f in {paths}; do [ -e "$f" ] && echo "file $f"; done; '
-            f'for u in {units}; do echo "unit $u '
+            f'for u in {names}; do echo "unit $u '
             '$(systemctl is-enabled "$u" 2>/dev/null | head -n 1) '
             '$(systemctl is-active "$u" 2>/dev/null | head -n 1)"; done'
         )
@@ -33,7 +34,7 @@ class HostDriverFiles(FactBase[HostDriverState]):
 
 
 def parse_host_driver(lines: Sequence[str]) -> HostDriverState:
-    """Output of `HostDriverFiles().command()` -> HostDriverState. Pure."""
+    """Output of `HostDriverFiles().command(files, units)` -> HostDriverState. Pure."""
     files: list[str] = []
     units: list[UnitState] = []
     for line in lines:

@@ -14,7 +14,7 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.sections import marker, split_sections
-from pvegpu.plan.lxc import CAPS_DIR, parse_proc_devices
+from pvegpu.models.nvidia import CAPS_DIR
 
 _SECTIONS = ("caps", "devices", "end")
 
@@ -49,6 +49,21 @@ def parse_nvidia_nodes(lines: Sequence[str]) -> NvidiaNodes:
     sections = split_sections(lines, _SECTIONS)
     caps = sorted(line.strip() for _, line in sections["caps"] if line.strip())
     return NvidiaNodes(caps=tuple(caps), majors=parse_proc_devices([line for _, line in sections["devices"]]))
+
+
+def parse_proc_devices(lines: Sequence[str]) -> dict[str, int]:
+    """Character device name -> major from /proc/devices (`Character devices:` section; `195 nvidia`)."""
+    majors: dict[str, int] = {}
+    section = None
+    for line in lines:
+        text = line.strip()
+        if text.endswith("devices:"):
+            section = text
+            continue
+        words = text.split()
+        if section == "Character devices:" and len(words) == 2 and words[0].isdigit():
+            majors.setdefault(words[1], int(words[0]))
+    return majors
 
 
 # Where Debian/Ubuntu (multiarch) and the `.run` installer put NVML; its file name carries the version.

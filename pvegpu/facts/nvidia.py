@@ -14,14 +14,13 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
+from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
 
 GPU_QUERY = "index,name,pci.bus_id,driver_version"
 _MODULE = re.compile(
@@ -31,32 +30,6 @@ _MODULE = re.compile(
 _GPU = re.compile(
     r"(?P<index>\d+), (?P<name>.+), (?P<bus>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d), (?P<v>\S+)"
 )
-
-
-@dataclass(frozen=True)
-class LoadedModule:
-    """The NVIDIA kernel module the running kernel has loaded."""
-
-    flavour: Literal["open", "proprietary"]
-    version: str
-
-
-@dataclass(frozen=True)
-class NvidiaGpu:
-    """One GPU as nvidia-smi lists it."""
-
-    index: int
-    name: str
-    bus_id: str
-    driver_version: str
-
-
-@dataclass(frozen=True)
-class NvidiaSmi:
-    """nvidia-smi's GPU list, or (`error`) what it printed instead: no driver loaded, no devices."""
-
-    gpus: tuple[NvidiaGpu, ...]
-    error: str | None
 
 
 def parse_version_file(lines: Sequence[str]) -> LoadedModule | None:
@@ -93,13 +66,23 @@ def parse_nvidia_smi(lines: Sequence[str]) -> NvidiaSmi:
     return NvidiaSmi(tuple(gpus), None)
 
 
+def version_file_command(version_file: str) -> StringCommand:
+    """Print `version_file` (nothing when it is absent: no module loaded); always exit 0."""
+    return StringCommand("cat", QuoteString(version_file), "2>/dev/null", "||", "true")
+
+
+def nvidia_smi_command() -> str:
+    """nvidia-smi's GPU list as CSV, or its message when it fails (`parse_nvidia_smi` reads both); exit 0."""
+    return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader 2>&1 || true"
+
+
 class NvidiaModule(FactBase[LoadedModule | None]):
     """The loaded NVIDIA kernel module from `version_file` (default /proc/driver/nvidia/version); None when
     the file is absent (no module loaded)."""
 
     @override
     def command(self, version_file: str = "/proc/driver/nvidia/version") -> StringCommand:
-        return StringCommand("cat", QuoteString(version_file), "2>/dev/null", "||", "true")
+        return version_file_command(version_file)
 
     @override
     def process(self, output: list[str]) -> LoadedModule | None:
@@ -115,19 +98,11 @@ class NvidiaGpus(FactBase[NvidiaSmi]):
 
     @override
     def command(self) -> str:
-        return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader 2>&1 || true"
+        return nvidia_smi_command()
 
     @override
     def process(self, output: list[str]) -> NvidiaSmi:
         return parse_nvidia_smi(output)
-
-
-@dataclass(frozen=True)
-class AptSource:
-    """The CUDA repository's apt state: the cuda-keyring key is installed; the source list's content."""
-
-    keyring: bool
-    content: str | None
 
 
 def parse_apt_source(lines: Sequence[str]) -> AptSource:

@@ -1,4 +1,4 @@
-"""/etc/pve/mapping/pci.cfg: a faithful pure parser, Proxmox's canonical writer, and the `map` entry format.
+"""/etc/pve/mapping/pci.cfg: a faithful pure parser and Proxmox's canonical writer.
 
 The grammar and behaviours are PVE::SectionConfig's with PVE::Mapping::PCI's header
 (shared/knowledge/proxmox-pci-mapping.md §1-2):
@@ -9,13 +9,12 @@ The grammar and behaviours are PVE::SectionConfig's with PVE::Mapping::PCI's hea
   an empty line ends the section. Any other line inside a section is ignored with a warning (so a header
   that follows a section without a blank line is NOT a new section: its properties join the open one).
 - `map` may repeat; repeating another key is an error (`duplicate attribute`), the first value is kept.
+  Each `map` value is checked by `pvegpu.models.pve.parse_map_entry` (the entry format lives with MapEntry).
 - Booleans (`mdev`, `live-migration-capable`) are exactly `0` or `1`; a key with no value is `1`.
 - A bad value is recorded in `errors` and dropped; a section left without any `map` fails
   (`missing value for required option 'map'`) and is listed in `failed` (Proxmox keeps it as undef).
 
-Warnings carry SectionConfig's prefix `file <filename> line <n>`. Where the knowledge file does not give
-Proxmox's exact wording of a value error (the inner texts of a malformed `map` string), the message names
-the key and the rule it breaks in JSONSchema's words.
+Warnings carry SectionConfig's prefix `file <filename> line <n>`.
 """
 
 from __future__ import annotations
@@ -24,85 +23,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pvegpu.models.pve import (
-    CONFIG_ID,
-    DESCRIPTION_MAX,
-    INTEGER,
-    NODE_NAME,
-    PCI_ID,
-    PCI_PATH,
-    MapEntry,
-    PciMapping,
-)
+from pvegpu.models.pve import CONFIG_ID, DESCRIPTION_MAX, MapEntryError, PciMapping, parse_map_entry
 
 FILENAME = "mapping/pci.cfg"
 
 _HEADER = re.compile(r"(\S+)\s*")
 _PROPERTY = re.compile(r"\s+(\S+)(\s+(.*\S))?\s*")
 _COMMENT = re.compile(r"\s*#")
-_PAIR = re.compile(r"([^=]+)=(.+)", re.DOTALL)
 
 BOOLEAN_KEYS = ("live-migration-capable", "mdev")
 SECTION_KEYS = ("map", "description", *BOOLEAN_KEYS)
-MAP_REQUIRED = ("id", "node", "path")
-MAP_OPTIONAL = ("description", "iommugroup", "subsystem-id")
-
-
-class MapEntryError(ValueError):
-    """A `map` property string Proxmox would refuse; the message is the reason."""
-
-
-def parse_map_entry(text: str) -> MapEntry:
-    """Parse one `map` property string the way JSONSchema::parse_property_string + check_object do.
-
-    Raises MapEntryError: `value without key, but schema does not define a default key`,
-    `invalid key in comma-separated list property: <k>`, `duplicate key in comma-separated list
-    property: <k>`, or `<k>: <rule>` for a missing or malformed value (several joined by `; `).
-    """
-    values: dict[str, str] = {}
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        pair = _PAIR.fullmatch(part)
-        if pair is None:
-            raise MapEntryError("value without key, but schema does not define a default key")
-        key, value = pair[1], pair[2]
-        if key not in MAP_REQUIRED + MAP_OPTIONAL:
-            raise MapEntryError(f"invalid key in comma-separated list property: {key}")
-        if key in values:
-            raise MapEntryError(f"duplicate key in comma-separated list property: {key}")
-        values[key] = value
-    problems = [
-        f"{key}: property is missing and it is not optional" for key in MAP_REQUIRED if key not in values
-    ]
-    problems.extend(
-        f"{key}: {why}" for key, value in values.items() if (why := _map_value_problem(key, value))
-    )
-    if problems:
-        raise MapEntryError("; ".join(problems))
-    group = values.get("iommugroup")
-    return MapEntry(
-        node=values["node"],
-        path=values["path"],
-        id=values["id"],
-        subsystem_id=values.get("subsystem-id"),
-        iommugroup=None if group is None else int(group),
-        description=values.get("description"),
-    )
-
-
-def _map_value_problem(key: str, value: str) -> str | None:
-    if key == "node" and not NODE_NAME.fullmatch(value):
-        return "value does not look like a valid node name"
-    if key == "path" and not PCI_PATH.fullmatch(value):
-        return "value does not match the regex pattern"
-    if key in ("id", "subsystem-id") and not PCI_ID.fullmatch(value):
-        return "value does not match the regex pattern"
-    if key == "iommugroup" and not INTEGER.fullmatch(value):
-        return f"type check ('integer') failed - got '{value}'"
-    if key == "description" and len(value) > DESCRIPTION_MAX:
-        return f"value may only be {DESCRIPTION_MAX} characters long"
-    return None
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,6 @@ class BootLoaderInfo:
     kernel_cmdline_file: bool
     evidence: tuple[str, ...]
 
-    @property
-    def managed_by_proxmox_boot_tool(self) -> bool:
-        """True when `proxmox-boot-tool refresh` (not a bare `update-grub`) must apply a change."""
-        return bool(self.esp_uuids)
-
     def to_json(self) -> dict[str, object]:
         """JSON-able form; pyinfra's `fact` command prints facts through `to_json`."""
         return {**asdict(self), "kind": self.kind.value}
@@ -62,3 +57,12 @@ class PveRelease:
     def to_json(self) -> dict[str, object]:
         """JSON-able form; pyinfra's `fact` command prints facts through `to_json`."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    """What the IOMMU plan needs of the CPU and kernel: `amd`/`intel` (None: no `vendor_id`, not x86) and
+    the running kernel's (major, minor)."""
+
+    vendor: str | None
+    release: tuple[int, int]

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 CLASS_VGA = 0x0300
 CLASS_3D = 0x0302
 CLASS_DISPLAY_OTHER = 0x0380
-CLASS_HDA_AUDIO = 0x0403
 CLASS_HOST_BRIDGE = 0x0600
 CLASS_PCI_BRIDGE = 0x0604
 

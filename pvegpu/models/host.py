@@ -19,6 +19,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from pvegpu.models.fields import shown
+from pvegpu.models.kernel_params import list_problems, refusal
 
 # Not `host`: pyinfra's HostData keeps its Host object under that name, so `host.data.host` is not data.
 HOST_KEY = "pve_host"
@@ -38,10 +39,17 @@ def check_token(value: str) -> str:
     return value
 
 
-def _check_unique(tokens: tuple[str, ...]) -> tuple[str, ...]:
-    for index, token in enumerate(tokens):
-        if token in tokens[:index]:
-            raise ValueError(f"{token} is listed twice")
+def _check_allowed(token: str) -> str:
+    reason = refusal(token)
+    if reason is not None:
+        raise ValueError(f"{token} is refused: {reason}")
+    return token
+
+
+def _check_list(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    problems = list_problems(tokens)
+    if problems:
+        raise ValueError("; ".join(problems))
     return tokens
 
 
@@ -58,13 +66,17 @@ class HostSpec(BaseModel):
         ),
     )
     extra_cmdline: Annotated[
-        tuple[Annotated[str, AfterValidator(check_token)], ...], AfterValidator(_check_unique)
+        tuple[Annotated[str, AfterValidator(check_token), AfterValidator(_check_allowed)], ...],
+        AfterValidator(_check_list),
     ] = Field(
         default=(),
         description=(
             "Kernel parameters pvegpu adds after its own (e.g. `pcie_aspm=off`); one `name` or `name=value` "
             "each. Removing one here removes it from the host on the next run; tokens pvegpu did not add "
-            "are never removed."
+            "are never removed. Refused, with the reason: isolation breakers (`pcie_acs_override`, "
+            "`*allow_unsafe_interrupts`), boot-critical parameters (`root=`, `init=`, `ro`, `rw`, ...), "
+            "ones that undo pvegpu's own (`*iommu=off`, `vfio-pci.ids=`, blacklisting vfio or nvidia), "
+            "a parameter twice with different values, and a line longer than the kernel's 2048 bytes."
         ),
     )
     reboot_timeout_s: StrictInt = Field(

@@ -119,6 +119,10 @@ ROLE_SPECS: dict[str, type[BaseModel]] = {
     LXC_KEY: LxcSpec,
 }
 
+# How alike (difflib ratio) a host data key and a role key must be to be taken for a misspelling of it:
+# `pve_hots`, `nodes`, `sglnag`, `vms`, `Node` are; pyinfra's `ssh_*` and `_*` keys are not.
+_NEAR_ROLE_KEY = 0.7
+
 HostEntry = str | tuple[str, object]
 H = TypeVar("H", bound=Sequence[HostEntry])
 SpecT = TypeVar("SpecT", bound=BaseModel)
@@ -178,6 +182,7 @@ def _validate_host(data: object) -> tuple[NodeSpec | None, list[str]]:
         problems.append(
             f"{NODE_KEY}: is required (host data needs {NODE_KEY} = {{'name': ..., 'gpus': ...}})"
         )
+    problems.extend(_near_role_key_problems(data))
     validated: dict[str, BaseModel] = {}
     for key, model in ROLE_SPECS.items():
         if key not in data:
@@ -188,6 +193,23 @@ def _validate_host(data: object) -> tuple[NodeSpec | None, list[str]]:
             validated[key] = spec
     node = validated.get(NODE_KEY)
     return (node if isinstance(node, NodeSpec) and not problems else None), problems
+
+
+def _near_role_key_problems(data: Mapping[Any, object]) -> list[str]:
+    """`pve_hots: unknown key (did you mean 'pve_host'?) ...` for each key that is not a role key but reads
+    like a misspelled one; pvegpu would silently ignore it, so the operator's settings would never apply.
+    Other keys (pyinfra's `ssh_user`, `_sudo`, an operator's own) are left alone."""
+    problems = []
+    for key in data:
+        if not isinstance(key, str) or key in ROLE_SPECS:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(ROLE_SPECS), n=1, cutoff=_NEAR_ROLE_KEY)
+        if close:
+            problems.append(
+                f"{key}: unknown key (did you mean {close[0]!r}?); pvegpu reads only its role keys "
+                f"({', '.join(ROLE_SPECS)})"
+            )
+    return problems
 
 
 def _validate_spec(key: str, model: type[BaseModel], value: object) -> tuple[BaseModel | None, list[str]]:

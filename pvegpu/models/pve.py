@@ -1,12 +1,16 @@
 """Proxmox VE objects pvegpu reads and writes: cluster PCI mappings and their `map` entries, API results.
 
-Plain frozen data. The formats are Proxmox's (shared/knowledge/proxmox-pci-mapping.md):
+Plain frozen data, and the pure parser of a `map` entry (`parse_map_entry`), which the planners, the
+operations and the pci.cfg parser share. The formats are Proxmox's (shared/knowledge/proxmox-pci-mapping.md):
 
 - a mapping id is a `pve-configid`: `^[a-z][a-z0-9_-]+$`, case-insensitive;
 - a `map` entry is a comma-separated `key=value` property string with the keys `node`, `path`, `id`
   (required) and `subsystem-id`, `iommugroup`, `description` (optional). Proxmox stores entries verbatim;
   `MapEntry.text` is the canonical form Proxmox's own writer prints (required keys sorted, then optional
   keys sorted): `id=10de:2bb1,node=pve1,path=0000:41:00,iommugroup=14,subsystem-id=10de:204b`.
+
+Where the knowledge file does not give Proxmox's exact wording of a value error (the inner texts of a
+malformed `map` string), `MapEntryError` names the key and the rule it breaks in JSONSchema's words.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ PCI_PATH = re.compile(rf"(?:{_PCI_PATH};)*{_PCI_PATH}")
 PCI_ID = re.compile(r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}")
 INTEGER = re.compile(r"[+-]?\d+")
 DESCRIPTION_MAX = 4096
+MAP_REQUIRED = ("id", "node", "path")
+MAP_OPTIONAL = ("description", "iommugroup", "subsystem-id")
+_PAIR = re.compile(r"([^=]+)=(.+)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,63 @@ class MapEntry:
     def paths(self) -> tuple[str, ...]:
         """The `;`-separated alternatives of `path`, in the order Proxmox tries them."""
         return tuple(self.path.split(";"))
+
+
+class MapEntryError(ValueError):
+    """A `map` property string Proxmox would refuse; the message is the reason."""
+
+
+def parse_map_entry(text: str) -> MapEntry:
+    """Parse one `map` property string the way JSONSchema::parse_property_string + check_object do.
+
+    Raises MapEntryError: `value without key, but schema does not define a default key`,
+    `invalid key in comma-separated list property: <k>`, `duplicate key in comma-separated list
+    property: <k>`, or `<k>: <rule>` for a missing or malformed value (several joined by `; `).
+    """
+    values: dict[str, str] = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        pair = _PAIR.fullmatch(part)
+        if pair is None:
+            raise MapEntryError("value without key, but schema does not define a default key")
+        key, value = pair[1], pair[2]
+        if key not in MAP_REQUIRED + MAP_OPTIONAL:
+            raise MapEntryError(f"invalid key in comma-separated list property: {key}")
+        if key in values:
+            raise MapEntryError(f"duplicate key in comma-separated list property: {key}")
+        values[key] = value
+    problems = [
+        f"{key}: property is missing and it is not optional" for key in MAP_REQUIRED if key not in values
+    ]
+    problems.extend(
+        f"{key}: {why}" for key, value in values.items() if (why := _map_value_problem(key, value))
+    )
+    if problems:
+        raise MapEntryError("; ".join(problems))
+    group = values.get("iommugroup")
+    return MapEntry(
+        node=values["node"],
+        path=values["path"],
+        id=values["id"],
+        subsystem_id=values.get("subsystem-id"),
+        iommugroup=None if group is None else int(group),
+        description=values.get("description"),
+    )
+
+
+def _map_value_problem(key: str, value: str) -> str | None:
+    if key == "node" and not NODE_NAME.fullmatch(value):
+        return "value does not look like a valid node name"
+    if key == "path" and not PCI_PATH.fullmatch(value):
+        return "value does not match the regex pattern"
+    if key in ("id", "subsystem-id") and not PCI_ID.fullmatch(value):
+        return "value does not match the regex pattern"
+    if key == "iommugroup" and not INTEGER.fullmatch(value):
+        return f"type check ('integer') failed - got '{value}'"
+    if key == "description" and len(value) > DESCRIPTION_MAX:
+        return f"value may only be {DESCRIPTION_MAX} characters long"
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,20 +158,6 @@ class MappingState:
     mapping: PciMapping
     digest: str
     checks: tuple[MappingCheck, ...] | None = None
-
-
-@dataclass(frozen=True)
-class NodePciDevice:
-    """One function of `GET /nodes/{node}/hardware/pci`: ids without `0x`, group -1 when there is none."""
-
-    address: str
-    class_code: int
-    vendor: str
-    device: str
-    subsystem_vendor: str | None
-    subsystem_device: str | None
-    iommugroup: int
-    mdev: bool
 
 
 @dataclass(frozen=True)

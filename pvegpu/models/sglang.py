@@ -53,11 +53,52 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# Options whose value is a secret, and the field that keeps it off the command line and out of the unit file
+# (None: pvegpu has no such field). An abbreviation of one is refused the same way.
+SECRET_OPTIONS = {
+    "--api-key": "sglang.api_key_file",
+    "--admin-api-key": "sglang.admin_api_key_file",
+    "--ssl-keyfile-password": None,
+}
+_NO_FIELD = "pvegpu has no field for it; use a TLS key without a password"
+# pvegpu passes `--config` itself (the keys, see pvegpu.plan.sglang_service); SGLang reads only one.
+CONFIG_OPTION = "--config"
+
+
 def _check_extra(args: tuple[str, ...]) -> tuple[str, ...]:
     for arg in args:
         if not arg or "\n" in arg or "\x00" in arg:
             raise ValueError(f"{shown(arg)} is not a command-line argument")
     return args
+
+
+def _check_extra_arg(arg: str) -> str:
+    """Refuse an argument that would put a secret in the unit file and on SGLang's command line (`ps`).
+
+    Only the option's name is ever shown, never a value (`--api-key=...` is one argument).
+    """
+    name = arg.partition("=")[0]
+    if len(name) <= 2 or not name.startswith("--"):
+        return arg
+    if name == CONFIG_OPTION:
+        raise ValueError(
+            f"{name} is refused: pvegpu passes SGLang's one config file itself (the API keys from systemd "
+            "credentials); give options here as arguments"
+        )
+    for option, field in SECRET_OPTIONS.items():
+        if option.startswith(name):
+            named = name if name == option else f"{name} (an abbreviation of {option})"
+            instead = f"use {field}" if field else _NO_FIELD
+            raise ValueError(
+                f"{named} is refused: its value is a secret, which would be readable in the unit file "
+                f"and on SGLang's command line; {instead}"
+            )
+    if name == "--watermark-config" and arg.partition("=")[2].lstrip().startswith("{"):
+        raise ValueError(
+            f"{name} is refused as inline JSON: it holds the watermark keys; give the path of a file "
+            "readable only by the service user"
+        )
+    return arg
 
 
 def is_loopback(host: str) -> bool:
@@ -154,9 +195,18 @@ class SglangSpec(BaseModel):
     api_key_file: AbsolutePath | None = Field(
         default=None,
         description=(
-            "Absolute path, on the serving host, of a 0600 file holding the API key clients must send "
-            "(`--api-key`); "
-            "required to listen beyond loopback. The key itself is never printed."
+            "Absolute path, on the serving host, of the API key clients must send (`--api-key`): a regular "
+            "file owned by root, mode 0600 or stricter, one line of visible ASCII. Required to listen beyond "
+            "loopback. The key reaches SGLang through systemd credentials and a `--config` YAML file in the "
+            "service's private runtime directory: never on a command line, never printed."
+        ),
+    )
+    admin_api_key_file: AbsolutePath | None = Field(
+        default=None,
+        description=(
+            "Absolute path, on the serving host, of the key for SGLang's admin endpoints "
+            "(`--admin-api-key`), with the same file rules and path to SGLang as `api_key_file`; "
+            "None: admin endpoints are off."
         ),
     )
     host: str = Field(
@@ -188,11 +238,13 @@ class SglangSpec(BaseModel):
             "`host:port` of rank 0 where the nodes meet (`--dist-init-addr`); only with `nnodes` > 1."
         ),
     )
-    extra_args: tuple[str, ...] = Field(
+    extra_args: tuple[Annotated[str, AfterValidator(_check_extra_arg)], ...] = Field(
         default=(),
         description=(
             "More `sglang serve` arguments, full option names only (e.g. `--watchdog-timeout`, `1200`); "
-            "checked against the pinned option table. Options set by the fields above are refused."
+            "checked against the pinned option table. Refused: options set by the fields above, options "
+            "whose value is a secret (`--api-key`, `--admin-api-key`, `--ssl-keyfile-password`: use the "
+            "`*_file` fields), `--config`, and in the `vm` profile the options that need GPU P2P."
         ),
     )
     env: dict[str, str] = Field(
@@ -230,8 +282,8 @@ class SglangSpec(BaseModel):
     hf_token_file: AbsolutePath | None = Field(
         default=None,
         description=(
-            "Absolute path, on the serving host, of a 0600 file with the Hugging Face token for "
-            "`model_repo`; never printed."
+            "Absolute path, on the serving host, of the Hugging Face token for `model_repo` (same file "
+            "rules as `api_key_file`); read on the host through `HF_TOKEN_PATH`, never printed."
         ),
     )
     start_timeout_s: StrictInt = Field(

@@ -1,10 +1,46 @@
-"""The one place pvegpu's operations build the shell commands that write files."""
+"""The one place pvegpu's operations build the shell commands that write files.
+
+Every managed file is written atomically: the content goes to a temporary file in the same directory
+(`.<name>.pvegpu-new`: a name no `*.conf` / `*.cfg` glob picks up, and the same on every run, so a cut run
+leaves at most one), which gets its mode and owner, is synced, read back (sha256) and optionally checked,
+then renamed over the target, and the directory is synced. A cut or a failure at any point leaves the old
+file as it was; the command then fails with a line naming the path.
+"""
 
 from __future__ import annotations
+
+import hashlib
+import posixpath
 
 from pyinfra.api.command import QuoteString, StringCommand
 
 
-def write_file(path: str, content: str) -> StringCommand:
-    """`printf '%s' CONTENT > PATH`, both quoted; the parent directory must exist."""
-    return StringCommand("printf", "%s", QuoteString(content), ">", QuoteString(path))
+def temp_path(path: str) -> str:
+    """Where `write_file` stages the new content of `path`."""
+    directory, name = posixpath.split(path)
+    return posixpath.join(directory, f".{name}.pvegpu-new")
+
+
+def write_file(
+    path: str, content: str, *, mode: str = "0644", owner: str = "root:root", check: str | None = None
+) -> StringCommand:
+    """Write `content` to `path` atomically (module docstring); the parent directory must exist.
+
+    `check`: a command that gets the staged file as its last argument (e.g. `sh -n`, as a tool that sources
+    the file reads it); when it fails nothing is renamed. The error line: `pvegpu: could not write PATH ...`.
+    """
+    temp = QuoteString(temp_path(path))
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    checked = ["&&", *check.split(), temp] if check is not None else []
+    failure = f"pvegpu: could not write {path} (left unchanged)"
+    return StringCommand(
+        "{", "printf", "%s", QuoteString(content), ">", temp,
+        "&&", "chmod", mode, temp,
+        "&&", "chown", owner, temp,
+        "&&", "sync", temp,
+        "&&", "printf", QuoteString("%s  %s\n"), digest, temp, "|", "sha256sum", "--check", "--status",
+        *checked,
+        "&&", "mv", "-f", temp, QuoteString(path),
+        "&&", "sync", QuoteString(posixpath.dirname(path)), ";", "}",
+        "||", "{", "rm", "-f", temp, ";", "echo", QuoteString(failure), ">&2", ";", "exit", "1", ";", "}",
+    )  # fmt: skip

@@ -23,8 +23,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.facts.pci_cfg import MapEntryError, parse_map_entry
-from pvegpu.models.pve import MapEntry, MappingState, PciMapping, Severity
+from pvegpu.models.pve import MapEntry, MapEntryError, MappingState, PciMapping, Severity, parse_map_entry
 from pvegpu.plan.mapping import Action, MappingChange, diff_mappings, managed_index
 from pvegpu.pve import PveClient, PveError
 

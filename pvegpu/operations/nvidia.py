@@ -6,7 +6,6 @@ Package installation, the nouveau drop-in and nvidia-persistenced use pyinfra's 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Generator, Sequence
 
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
@@ -17,18 +16,19 @@ from pyinfra.api.state import State
 from pyinfra.context import host
 
 from pvegpu.facts.nvidia import (
-    GPU_QUERY,
     CharDevices,
     CudaAptSource,
     NvidiaGpus,
     NvidiaModule,
     char_devices_command,
+    nvidia_smi_command,
     parse_nvidia_smi,
     parse_version_file,
+    version_file_command,
 )
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.operations.files import write_file
-from pvegpu.operations.reboot import REBOOT
+from pvegpu.operations.reboot import REBOOT, wait_after_reboot
 from pvegpu.plan.driver import (
     DEVICES_SERVICE,
     KEYRING,
@@ -38,8 +38,6 @@ from pvegpu.plan.driver import (
 )
 
 KEYRING_DOWNLOAD = "/tmp/pvegpu-cuda-keyring.deb"
-_REBOOT_DELAY_S = 5.0
-_POLL_S = 2.0
 
 
 @operation()
@@ -71,9 +69,7 @@ def cuda_repository(
 
 
 def _read_module(target: Host, version_file: str) -> str:
-    ok, output = target.run_shell_command(
-        StringCommand("cat", QuoteString(version_file), "2>/dev/null", "||", "true"), print_output=False
-    )
+    ok, output = target.run_shell_command(version_file_command(version_file), print_output=False)
     return "\n".join(output.stdout_lines) if ok else ""
 
 
@@ -128,20 +124,7 @@ def _reboot_when(
         if mismatch(host) is None:
             return
         host.run_shell_command(StringCommand(REBOOT), print_output=False)
-        time.sleep(_REBOOT_DELAY_S)
-        host.disconnect()
-        deadline = time.monotonic() + timeout_s
-        last = "the host did not come back"
-        while time.monotonic() < deadline:
-            host.connect(show_errors=False)
-            if host.connected:
-                reason = mismatch(host)
-                if reason is None:
-                    return
-                last = reason
-                host.disconnect()
-            time.sleep(_POLL_S)
-        raise OperationError(f"after reboot, {timeout_s:.0f} s: {last}")
+        wait_after_reboot(host, mismatch, timeout_s)
 
     yield FunctionCommand(reboot_and_wait, (), {})
 
@@ -156,10 +139,7 @@ def driver_verified(
 
     def problems(target: Host) -> tuple[str, ...]:
         module = parse_version_file(_read_module(target, driver.version_file).splitlines())
-        _, output = target.run_shell_command(
-            StringCommand(f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader 2>&1 || true"),
-            print_output=False,
-        )
+        _, output = target.run_shell_command(StringCommand(nvidia_smi_command()), print_output=False)
         return verify_problems(driver, module, parse_nvidia_smi(output.stdout_lines), gpu_count)
 
     if not installing:

@@ -4,7 +4,7 @@ the inventory allows it; then wait until the host is back with that state (verif
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand, StringCommand
@@ -18,6 +18,7 @@ from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.models.hardware import HostHardware
 from pvegpu.plan.reboot import pending_message, pending_reasons
+from pvegpu.wait import WaitTimeoutError, wait_until
 
 # The reboot is detached so the SSH channel closes at once (as pyinfra's server.reboot does).
 REBOOT = "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"
@@ -66,34 +67,47 @@ def reboot_if_pending(
     logger.info(f"{host.print_prefix}{pending_message(reasons)}: rebooting")
     yield StringCommand(REBOOT)
 
+    def still_pending(target: Host) -> str | None:
+        # Before the host went down this still reads the old state: keep polling until it matches.
+        found = _reasons(
+            target,
+            tokens=tokens,
+            retired=retired,
+            vfio=vfio,
+            functions=functions,
+            sysfs_root=sysfs_root,
+            cmdline_path=cmdline_path,
+        )
+        return pending_message(found) if found else None
+
     # pyinfra passes (state, host) to a FunctionCommand only when the parameters have exactly these names.
     def wait_and_verify(state: State, host: Host) -> None:
         del state
-        rebooted = host
-        time.sleep(_DELAY_S)
-        rebooted.disconnect()
-        deadline = time.monotonic() + timeout_s
-        last: tuple[str, ...] = reasons
-        while time.monotonic() < deadline:
-            rebooted.connect(show_errors=False)
-            if rebooted.connected:
-                # Before the host went down this still reads the old state: keep polling until it matches.
-                last = _reasons(
-                    rebooted,
-                    tokens=tokens,
-                    retired=retired,
-                    vfio=vfio,
-                    functions=functions,
-                    sysfs_root=sysfs_root,
-                    cmdline_path=cmdline_path,
-                )
-                if not last:
-                    return
-                rebooted.disconnect()
-            time.sleep(_INTERVAL_S)
-        raise OperationError(f"after reboot, {timeout_s:.0f} s: {pending_message(last)}")
+        wait_after_reboot(host, still_pending, timeout_s)
 
     yield FunctionCommand(wait_and_verify, (), {})
+
+
+def wait_after_reboot(target: Host, pending: Callable[[Host], str | None], timeout_s: float) -> None:
+    """`target` was told to reboot: give it time to go down, then reconnect and ask `pending` (None: the host
+    is back as wanted, else what is still wrong) until it answers None. After `timeout_s`, OperationError
+    `after reboot, N s: <the last answer>` (`the host did not come back` while it does not answer SSH)."""
+    time.sleep(_DELAY_S)
+    target.disconnect()
+
+    def back() -> str | None:
+        target.connect(show_errors=False)
+        if not target.connected:
+            return "the host did not come back"
+        missing = pending(target)
+        if missing is not None:
+            target.disconnect()
+        return missing
+
+    try:
+        wait_until(back, timeout_s, "the host is not back as wanted", interval_s=_INTERVAL_S)
+    except WaitTimeoutError as timeout:
+        raise OperationError(f"after reboot, {timeout_s:.0f} s: {timeout.last}") from None
 
 
 def _reasons(

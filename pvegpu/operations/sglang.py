@@ -6,7 +6,6 @@ The user, files, unit and restarts use pyinfra's `server`, `files` and `systemd`
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Sequence
 
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
@@ -19,6 +18,7 @@ from pyinfra.facts.files import File
 
 from pvegpu.facts.sglang import SglangProbe, SglangVenv, parse_probe, probe_command
 from pvegpu.plan.sglang_service import SERVICE
+from pvegpu.wait import WaitTimeoutError, wait_until
 
 _POLL_S = 2.0
 JOURNAL_LINES = 20
@@ -82,23 +82,25 @@ def sglang_ready(
 
     def wait(state: State, host: Host) -> None:
         del state
-        deadline = time.monotonic() + timeout_s
-        detail = "not probed"
-        while time.monotonic() < deadline:
+
+        def not_ready() -> str | None:
             _, output = host.run_shell_command(probe_command(python, base_url, key_file), print_output=False)
             probe = parse_probe(output.stdout_lines)
-            if probe.ok:
-                return
-            detail = probe.detail
-            time.sleep(_POLL_S)
-        _, journal = host.run_shell_command(
-            StringCommand("journalctl", "-u", SERVICE, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"),
-            print_output=False,
-        )
-        lines = "\n".join(journal.stdout_lines)
-        raise OperationError(
-            f"{SERVICE} did not answer {base_url}/health and /v1/models within {timeout_s:.0f} s "
-            f"(last: {detail}); its last journal lines:\n{lines}"
-        )
+            return None if probe.ok else probe.detail
+
+        try:
+            wait_until(not_ready, timeout_s, f"{SERVICE} does not answer", interval_s=_POLL_S)
+        except WaitTimeoutError as timeout:
+            _, journal = host.run_shell_command(
+                StringCommand(
+                    "journalctl", "-u", SERVICE, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"
+                ),
+                print_output=False,
+            )
+            lines = "\n".join(journal.stdout_lines)
+            raise OperationError(
+                f"{SERVICE} did not answer {base_url}/health and /v1/models within {timeout_s:.0f} s "
+                f"(last: {timeout.last}); its last journal lines:\n{lines}"
+            ) from None
 
     yield FunctionCommand(wait, (), {})

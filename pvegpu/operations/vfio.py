@@ -1,7 +1,8 @@
 """`vfio_config`: the modules-load.d and modprobe.d drop-ins that hand the selected GPUs to vfio-pci at boot.
 
-pvegpu owns both files whole. The initramfs carries modprobe configuration for early boot, so
-`update-initramfs -u -k all` runs after either file changed (written or removed), and only then. The
+pvegpu owns both files whole, written atomically. The initramfs carries modprobe configuration for early
+boot, so `update-initramfs -u -k all` runs after either file changed (written or removed), and whenever an
+initramfs image is older than that configuration (a run cut before the rebuild is finished by the next). The
 `lxc` and `baremetal` profiles want both files absent (`present=False`): that also lifts the nvidia
 blacklist the modprobe drop-in carries.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from pyinfra import logger
 from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
@@ -41,18 +43,22 @@ def render_vfio(plan: VfioPlan) -> dict[str, str]:
 def vfio_config(
     files: BootFiles, plan: VfioPlan | None = None, present: bool = True
 ) -> Generator[StringCommand, None, None]:
-    """Write the drop-ins that differ from `plan`, then refresh every initramfs; noop when both match.
-    `present=False`: remove those that exist (no `plan`), then refresh; noop when neither exists.
+    """Write the drop-ins that differ from `plan`, then refresh every initramfs; noop when both match and no
+    initramfs image is older than them. `present=False`: remove those that exist (no `plan`), then refresh;
+    noop when neither exists and no image is older than /etc/modprobe.d.
 
     `files` is the host's `PvegpuBootFiles` fact (read once by the role).
     """
     current = {MODULES_LOAD: files.modules_load, MODPROBE: files.modprobe}
     if not present:
         existing = [path for path, content in current.items() if content is not None]
-        if not existing:
+        if not existing and not files.stale_initramfs:
             host.noop(f"{MODULES_LOAD} and {MODPROBE} are absent: nothing binds GPUs to vfio-pci at boot")
             return
-        yield StringCommand("rm", "-f", *(QuoteString(path) for path in existing))
+        if existing:
+            yield StringCommand("rm", "-f", *(QuoteString(path) for path in existing))
+        else:
+            _log_stale(files.stale_initramfs)
         yield StringCommand("update-initramfs", "-u", "-k", "all")
         return
     if plan is None:
@@ -62,8 +68,14 @@ def vfio_config(
         if current[path] != content:
             yield write_file(path, content)
             changed = True
-    if not changed:
+    if not changed and files.stale_initramfs:
+        _log_stale(files.stale_initramfs)
+    elif not changed:
         bound = f"ids {','.join(plan.ids)}" if plan.ids else f"addresses {' '.join(plan.addresses)}"
         host.noop(f"{MODULES_LOAD} and {MODPROBE} already bind {bound} to vfio-pci")
         return
     yield StringCommand("update-initramfs", "-u", "-k", "all")
+
+
+def _log_stale(images: tuple[str, ...]) -> None:
+    logger.info(f"{host.print_prefix}{', '.join(images)} older than the modprobe configuration: rebuilding")

@@ -73,3 +73,58 @@ def edit_cmdline(current: Sequence[str], owned_before: Sequence[str], desired: S
     owned = tuple(token for token in desired if token in added or token in owned_before)
     appended = tuple(token for token in desired if token not in kept)
     return CmdlineEdit(tokens=(*kept, *appended), owned=owned, added=added, removed=removed)
+
+
+# What a bootloader adds to the running command line that is no part of /etc/kernel/cmdline.
+LOADER_PREFIXES = ("initrd=", "BOOT_IMAGE=")
+# x86's COMMAND_LINE_SIZE, the terminating NUL included: a longer line is cut by the kernel.
+KERNEL_LIMIT = 2048
+
+
+def booted_base(running: Sequence[str], pvegpu_tokens: Sequence[str]) -> tuple[str, ...]:
+    """The running command line without what the bootloader adds and without pvegpu's tokens: the least a
+    systemd-boot /etc/kernel/cmdline must keep."""
+    return tuple(
+        token for token in running if token not in pvegpu_tokens and not token.startswith(LOADER_PREFIXES)
+    )
+
+
+def cmdline_damage(text: str, base: Sequence[str]) -> str | None:
+    """Why a systemd-boot command line file cannot be edited as it is, or None when it can.
+
+    Damaged: empty; an unclosed double quote (a cut write); no `root=` token; or a strict prefix of the
+    booted line `base` (a truncated write). `base` from `booted_base`.
+    """
+    line = " ".join(text.split())
+    if not line:
+        return "empty"
+    if line.count('"') % 2:
+        return "cut off (an unclosed quote)"
+    if not any(token.startswith("root=") for token in line.split()):
+        return "without root="
+    booted = " ".join(base)
+    if len(line) < len(booted) and booted.startswith(line):
+        return "cut off (a prefix of the running command line)"
+    return None
+
+
+def unsafe_cmdline(tokens: Sequence[str], base: Sequence[str], pvegpu_tokens: Sequence[str]) -> str | None:
+    """Why a systemd-boot command line must not be written, or None: it lacks `root=`, is (without pvegpu's
+    tokens) shorter than the booted line `base`, or reaches the kernel's limit."""
+    line = " ".join(tokens)
+    if not any(token.startswith("root=") for token in tokens):
+        return "it has no root="
+    own = " ".join(token for token in tokens if token not in pvegpu_tokens)
+    booted = " ".join(base)
+    if len(own) < len(booted):
+        return f"without pvegpu's tokens it is shorter than the running kernel's ({own!r} < {booted!r})"
+    if len(line) >= KERNEL_LIMIT:
+        return f"it is {len(line)} bytes, the kernel keeps {KERNEL_LIMIT - 1}"
+    return None
+
+
+def lacking(generated: Sequence[Sequence[str]], wanted: Sequence[str]) -> tuple[str, ...]:
+    """The `wanted` tokens missing from any generated boot entry's command line (all, without entries)."""
+    if not generated:
+        return tuple(wanted)
+    return tuple(token for token in wanted if any(token not in line for line in generated))

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from pvegpu.facts.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
+from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.plan.errors import PlanError
 
 NVIDIA = "10de"

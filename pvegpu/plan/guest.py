@@ -3,7 +3,8 @@
 `check_guest(node, driver, sglang)` returns one `<key>.<field>: message` line per problem:
 the driver flavour against the node's GPU ids, `tp_size x pp_size` against `node.gpus.count`, the full
 `sglang serve` argv (with the profile's flags) against the pinned option table, and operator environment
-variables the profile refuses. `pvegpu.guest_inventory.exit_on_invalid_guests` runs it at inventory load.
+variables and extra arguments the profile refuses. `pvegpu.guest_inventory.exit_on_invalid_guests` runs it
+at inventory load.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.driver import flavour_problems
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import plan_nccl
-from pvegpu.plan.sglang import plan_sglang_argv
+from pvegpu.plan.sglang import plan_sglang_argv, profile_problems
 
 
 def check_guest(node: NodeSpec, driver: DriverSpec, sglang: SglangSpec) -> tuple[str, ...]:
     """Every cross-key problem of one serving host (see the module docstring); () when none."""
-    problems = list(flavour_problems(driver, node.gpus.ids))
+    problems = [*flavour_problems(driver, node.gpus.ids), *profile_problems(node.profile, sglang)]
     flags: tuple[str, ...] = ()
     if node.profile == "vm":
         try:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pvegpu.facts.host_checks import EXT_CAP_ACS, EXT_CAP_REBAR, HostCheckData, extended_capabilities
 from pvegpu.models.hardware import Bar, HostHardware
+from pvegpu.models.host_checks import HostCheckData
 from pvegpu.plan.topology import Topology
 
 FOUR_GIB = 1 << 32
+# Extended capabilities (PCIe spec 7.6): a 32-bit header at 0x100 (id: bits 0-15, next: bits 20-31).
+EXTENDED_START = 0x100
+EXT_CAP_ACS = 0x000D
+EXT_CAP_REBAR = 0x0015
 # ACS control bits (PCIe spec 7.7.8.3): the ones the kernel enables for isolation.
 ACS_BITS = ((0, "SrcValid"), (2, "ReqRedir"), (3, "CmpltRedir"), (4, "UpstreamFwd"))
 # Knobs that shape GPU-to-GPU and host latency but that Linux cannot read without vendor tools
@@ -57,6 +61,19 @@ def host_checks(hw: HostHardware, topology: Topology, data: HostCheckData) -> tu
     )
     rows.extend(Check(name, "bios", detail) for name, detail in BIOS_KNOBS)
     return tuple(rows)
+
+
+def extended_capabilities(config: bytes) -> dict[int, int]:
+    """Extended capability id -> offset. Pure; {} when the config read stopped before 0x100."""
+    found: dict[int, int] = {}
+    offset = EXTENDED_START
+    while EXTENDED_START <= offset <= len(config) - 4 and offset not in found.values():
+        header = int.from_bytes(config[offset : offset + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            break
+        found.setdefault(header & 0xFFFF, offset)
+        offset = (header >> 20) & 0xFFC
+    return found
 
 
 def checks_to_json(host: str, rows: tuple[Check, ...]) -> dict[str, object]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pvegpu.models.host_driver import HostDriverState
 from pvegpu.plan.driver import DEVICES_SERVICE, DEVICES_UNIT, MODULES_LOAD
 from pvegpu.plan.sglang_service import ENV_FILE, SERVICE, UNIT_FILE
 
@@ -24,21 +25,6 @@ PARKED = {
     "vm": (DRIVER_FILES, DRIVER_UNITS),
     "lxc": ((UNIT_FILE, ENV_FILE), (SERVICE,)),
 }
-
-
-@dataclass(frozen=True)
-class UnitState:
-    name: str
-    enabled: bool
-    active: bool
-
-
-@dataclass(frozen=True)
-class HostDriverState:
-    """pvegpu's driver files that exist, and the driver units' states (in `DRIVER_UNITS` order)."""
-
-    files: tuple[str, ...]
-    units: tuple[UnitState, ...]
 
 
 @dataclass(frozen=True)

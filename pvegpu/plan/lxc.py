@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pvegpu.models.lxc import LxcSpec
+from pvegpu.models.nvidia import CAPS_DIR
 from pvegpu.plan.errors import PlanError
 
 NATIVE_DEV_SINCE = (8, 1)
 NVIDIA_MAJOR = 195
 VIDEO_GID = 44
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-CAPS_DIR = "/dev/nvidia-caps"
 UVM = "nvidia-uvm"
 CAPS = "nvidia-caps"
 
@@ -36,21 +36,6 @@ class LxcDevices:
 
     dev: dict[str, str]
     raw: tuple[tuple[str, str], ...]
-
-
-def parse_proc_devices(lines: Sequence[str]) -> dict[str, int]:
-    """Character device name -> major from /proc/devices (`Character devices:` section; `195 nvidia`)."""
-    majors: dict[str, int] = {}
-    section = None
-    for line in lines:
-        text = line.strip()
-        if text.endswith("devices:"):
-            section = text
-            continue
-        words = text.split()
-        if section == "Character devices:" and len(words) == 2 and words[0].isdigit():
-            majors.setdefault(words[1], int(words[0]))
-    return majors
 
 
 def device_nodes(gpus: int, caps: Sequence[str]) -> tuple[str, ...]:
@@ -67,9 +52,10 @@ def plan_lxc_devices(
 ) -> LxcDevices:
     """The container's device entries for `gpus` GPUs on Proxmox `pve_version` (major, minor).
 
-    `caps`: the host's `/dev/nvidia-caps/*` nodes; `majors`: `parse_proc_devices` of the host (only used
-    before 8.1). Raises PlanError when an older Proxmox's /proc/devices lacks `nvidia-uvm` (the driver's
-    uvm module is not loaded: the raw lines cannot be written) or lacks `nvidia-caps` while caps exist.
+    `caps`: the host's `/dev/nvidia-caps/*` nodes; `majors`: character device name -> major from the host's
+    /proc/devices (only used before 8.1). Raises PlanError when an older Proxmox's /proc/devices lacks
+    `nvidia-uvm` (the driver's uvm module is not loaded: the raw lines cannot be written) or lacks
+    `nvidia-caps` while caps exist.
     """
     if pve_version >= NATIVE_DEV_SINCE:
         nodes = device_nodes(gpus, caps)

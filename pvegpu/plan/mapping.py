@@ -25,8 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pvegpu.facts.pci_cfg import MapEntryError, parse_map_entry
-from pvegpu.models.pve import CONFIG_ID, MapEntry, PciMapping
+from pvegpu.models.pve import CONFIG_ID, MapEntry, MapEntryError, PciMapping, parse_map_entry
 from pvegpu.plan.topology import Topology, Verdict
 
 DEFAULT_PREFIX = "gpu"

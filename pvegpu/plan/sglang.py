@@ -4,7 +4,8 @@ Pure. `plan_sglang_argv(spec, gpu_count, flags)` returns the options that follow
 entry point SGLang 0.5.23 recommends; `python -m sglang.launch_server` is a deprecated alias), always with
 full option names: SGLang's parser accepts unique prefixes, and a prefix that is unique today is ambiguous
 tomorrow (`--cuda-graph-max-bs` in 0.5.20). `check_argv` refuses what the real parser would, plus
-abbreviations, deprecated options and an option given twice.
+abbreviations, deprecated options and an option given twice. `profile_problems` refuses the extra arguments a
+profile forbids (GPU P2P features in `vm`).
 """
 
 from __future__ import annotations
@@ -17,12 +18,25 @@ from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.sglang_options import OptionTable, SglangOption, load_option_table
 from pvegpu.plan.errors import PlanError
 
-SGLANG_SERVE = ("sglang", "serve")
+# The keys never appear in the plan: SGLang reads them from this YAML file (`--config`), which the service
+# writes at each start from its systemd credentials into its private runtime directory
+# (`pvegpu.plan.sglang_service`). SGLang 0.5.23 turns each `option: value` of it into `--option value`.
+RUNTIME_DIRECTORY = "sglang"
+SECRETS_CONFIG = f"/run/{RUNTIME_DIRECTORY}/secrets.yaml"
 
-# The API key never appears in the plan: the service's environment carries it under API_KEY_ENV and
-# systemd substitutes `${SGLANG_API_KEY}` in ExecStart as one word.
-API_KEY_ENV = "SGLANG_API_KEY"
-API_KEY_ARG = "${" + API_KEY_ENV + "}"
+# Options (by dest, each in the pinned option table) that make SGLang move data between GPUs peer to peer;
+# the `vm` profile refuses them: passed-through GPUs have no P2P (NCCL uses shared memory there), and a
+# P2P path in a VM hangs or corrupts data (NVIDIA/nccl #2335). The profile's plan already turns SGLang's
+# custom all-reduce off (`--disable-custom-all-reduce`, pvegpu.plan.nccl).
+VM_P2P_OPTIONS = {
+    "enable_mscclpp": "MSCCL++ all-reduce and all-gather exchange GPU buffers peer to peer",
+    "enable_symm_mem": "NCCL symmetric memory maps each GPU's buffers into its peers",
+    "enable_torch_symm_mem": "torch symmetric-memory all-reduce maps buffers across GPUs (CUDA IPC)",
+    "enable_nccl_nvls": "NVLink SHARP needs NVLink/NVSwitch between the GPUs",
+    "flashinfer_allreduce_fusion_backend": "FlashInfer's fused all-reduce shares IPC buffers between GPUs",
+    "enable_flashinfer_allreduce_fusion": "FlashInfer's fused all-reduce shares IPC buffers between GPUs",
+    "enable_aiter_allreduce_fusion": "the AITER fused all-reduce is a custom all-reduce over IPC buffers",
+}
 
 # Option dest -> the SglangSpec field that sets it; extra_args may not set these.
 _OWNED = {
@@ -39,7 +53,6 @@ _OWNED = {
     "reasoning_parser": "reasoning_parser",
     "tool_call_parser": "tool_call_parser",
     "trust_remote_code": "trust_remote_code",
-    "api_key": "api_key_file",
     "host": "host",
     "port": "port",
     "enable_metrics": "enable_metrics",
@@ -62,6 +75,30 @@ def check_layout(spec: SglangSpec, gpu_count: int) -> tuple[str, ...]:
         f"{SGLANG_KEY}.tp_size, {SGLANG_KEY}.pp_size: tp_size {spec.tp_size} x pp_size {spec.pp_size} = "
         f"{spec.tp_size * spec.pp_size} GPUs, but the node has {has}",
     )
+
+
+def secret_options(spec: SglangSpec) -> tuple[tuple[str, str], ...]:
+    """`(option, key file)` for each key the spec gives SGLang: `("api-key", spec.api_key_file)`, and
+    `("admin-api-key", ...)`. The option is SGLang's, without `--`, as its `--config` YAML spells it."""
+    files = (("api-key", spec.api_key_file), ("admin-api-key", spec.admin_api_key_file))
+    return tuple((option, path) for option, path in files if path is not None)
+
+
+def profile_problems(profile: str, spec: SglangSpec, table: OptionTable | None = None) -> tuple[str, ...]:
+    """`sglang.extra_args: <option> is refused in the vm profile: <reason>` for each extra argument that
+    needs GPU P2P (`VM_P2P_OPTIONS`) when `profile` is `vm`; () otherwise."""
+    if profile != "vm":
+        return ()
+    by_name = (table or load_option_table()).by_name()
+    problems = []
+    for arg in spec.extra_args:
+        option = by_name.get(arg.partition("=")[0])
+        if option is not None and option.dest in VM_P2P_OPTIONS:
+            problems.append(
+                f"{SGLANG_KEY}.extra_args: {option.names[0]} is refused in the vm profile: "
+                f"{VM_P2P_OPTIONS[option.dest]}, and passed-through GPUs have no P2P"
+            )
+    return tuple(problems)
 
 
 def plan_sglang_argv(spec: SglangSpec, gpu_count: int, flags: Sequence[str] = ()) -> tuple[str, ...]:
@@ -109,8 +146,8 @@ def _spec_options(spec: SglangSpec) -> list[str]:
     )
     argv += [word for flag, value in optional if value is not None for word in (flag, str(value))]
     argv += ["--host", spec.host, "--port", str(spec.port)]
-    if spec.api_key_file is not None:
-        argv += ["--api-key", API_KEY_ARG]
+    if secret_options(spec):
+        argv += ["--config", SECRETS_CONFIG]
     if spec.enable_metrics:
         argv.append("--enable-metrics")
     if spec.nnodes > 1:

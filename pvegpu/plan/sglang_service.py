@@ -1,25 +1,29 @@
-"""The SGLang systemd service: its ExecStart line and the values its templates are rendered from. Pure.
+"""The SGLang systemd service: its command lines and the values its templates are rendered from. Pure.
 
-The API key never appears in a file pvegpu writes or a command it runs: with `api_key_file` the unit loads
-the file as a systemd credential (`LoadCredential=api-key:<file>`, readable by the service only) and a
-`/bin/sh -c` wrapper passes it to `--api-key` at start. Without it, ExecStart runs `sglang serve` directly.
+No key appears in a file pvegpu writes or on a command line. With `api_key_file` (or `admin_api_key_file`)
+the unit loads each key file as a systemd credential (`LoadCredential=api-key:<file>`: copied at start into
+a directory only the service reads), and `ExecStartPre=` runs pvegpu's small script, as the service user,
+that writes the keys as `api-key: "<key>"` into `SECRETS_CONFIG` (mode 0600, in the service's 0700 runtime
+directory, removed when it stops); `sglang serve` reads that file with `--config`. SGLang 0.5.23's parser
+(`sglang.srt.utils.server_args_config_parser.ConfigArgumentMerger`) needs exactly this: a `.yaml` path as the
+word after `--config`, a mapping at the root, each key an option name without `--`, the value a string.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Sequence
 
+from pvegpu.models.secret_file import SecretFile
 from pvegpu.models.sglang import SglangSpec
-from pvegpu.plan.sglang import API_KEY_ARG
+from pvegpu.plan.secret_files import secret_file_problems
+from pvegpu.plan.sglang import secret_options
 
 ENV_FILE = "/etc/pvegpu/sglang.env"
 UNIT_FILE = "/etc/systemd/system/sglang.service"
+SECRETS_SCRIPT = "/usr/local/lib/pvegpu/sglang-secrets.py"
 SERVICE = "sglang.service"
-CREDENTIAL = "api-key"
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=,+@-]+")
-_READ_KEY = '"$(cat "$CREDENTIALS_DIRECTORY/' + CREDENTIAL + '")"'
 
 
 def systemd_word(word: str) -> str:
@@ -31,15 +35,39 @@ def systemd_word(word: str) -> str:
 
 
 def exec_start(spec: SglangSpec, argv: Sequence[str]) -> str:
-    """The unit's ExecStart value for the planned options `argv` (from `plan_sglang_argv`)."""
-    command = [f"{spec.venv}/bin/sglang", "serve"]
-    words = list(argv)
-    if API_KEY_ARG not in words:
-        return " ".join(systemd_word(word) for word in [*command, *words])
-    at = words.index(API_KEY_ARG)
-    del words[at - 1 : at + 1]  # `--api-key ${SGLANG_API_KEY}`: the wrapper passes the credential instead
-    script = " ".join(["exec", *map(shlex.quote, [*command, *words]), "--api-key", _READ_KEY])
-    return f"/bin/sh -c {systemd_word(script)}"
+    """The unit's ExecStart: `sglang serve` with the planned options `argv` (from `plan_sglang_argv`)."""
+    return " ".join(systemd_word(word) for word in [f"{spec.venv}/bin/sglang", "serve", *argv])
+
+
+def credentials(spec: SglangSpec) -> tuple[tuple[str, str], ...]:
+    """`(credential name, key file)` per `LoadCredential=` line; the name is SGLang's option (`api-key`)."""
+    return secret_options(spec)
+
+
+def exec_start_pre(spec: SglangSpec) -> str | None:
+    """The `ExecStartPre=` that writes SECRETS_CONFIG from the credentials; None when there is no key."""
+    if not credentials(spec):
+        return None
+    return " ".join(systemd_word(word) for word in (f"{spec.venv}/bin/python", SECRETS_SCRIPT))
+
+
+def key_files(spec: SglangSpec) -> tuple[tuple[str, str, bool], ...]:
+    """`(field, path, for_sglang)` of every secret file the serving host must hold for `spec`."""
+    files = [
+        ("sglang.api_key_file", spec.api_key_file, True),
+        ("sglang.admin_api_key_file", spec.admin_api_key_file, True),
+        ("sglang.hf_token_file", spec.hf_token_file if spec.model_repo else None, False),
+    ]
+    return tuple((field, path, for_sglang) for field, path, for_sglang in files if path is not None)
+
+
+def key_file_problems(spec: SglangSpec, observed: dict[str, SecretFile]) -> tuple[str, ...]:
+    """Every problem of the key files of `spec` as the host shows them (`SecretFiles` fact), one line each."""
+    return tuple(
+        problem
+        for field, path, for_sglang in key_files(spec)
+        for problem in secret_file_problems(field, observed[path], for_sglang=for_sglang)
+    )
 
 
 def probe_host(listen: str) -> str:

@@ -29,6 +29,7 @@ from pvegpu.models.hardware import (
     PciFunction,
 )
 from pvegpu.models.inventory import GpuSelector
+from pvegpu.plan.errors import PlanError
 
 DISPLAY_CLASSES = (CLASS_VGA, CLASS_3D, CLASS_DISPLAY_OTHER)
 
@@ -128,6 +129,15 @@ def plan_topology(hw: HostHardware, selector: GpuSelector) -> Topology:
     ordered = sorted(gpu_of_slot.values(), key=sort_key)
     cards = tuple(_card(hw, f"gpu{index}", gpu) for index, gpu in enumerate(ordered))
     return Topology(gpus=cards, order_key=order_key, problems=_problems(selector, len(cards)))
+
+
+def require_gpus(topology: Topology, selector: GpuSelector) -> None:
+    """Raise PlanError naming the field when `selector` matched no display function (`node.gpus.ids`) or
+    another number than it declares (`node.gpus.count`); `topology` is `plan_topology(hw, selector)`."""
+    if not topology.gpus:
+        raise PlanError(f"node.gpus.ids: {', '.join(selector.ids)} matches no display function on this host")
+    if topology.problems:
+        raise PlanError("node.gpus.count: " + "; ".join(topology.problems))
 
 
 def plan_vendor_topology(hw: HostHardware, vendor: str, count: int | None = None) -> Topology:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.topology import Verdict, plan_topology
+from pvegpu.plan.topology import Topology, Verdict
 
 BASE_MODULES = ("vfio", "vfio_iommu_type1", "vfio_pci")
 # vfio_virqfd was merged into vfio in Linux 6.2; the module does not exist from there on.
@@ -38,17 +37,11 @@ class VfioPlan:
     blacklist: tuple[str, ...]
 
 
-def selected_functions(hw: HostHardware, selector: GpuSelector) -> tuple[str, ...]:
-    """Addresses of the non-bridge members of every selected GPU's IOMMU group, sorted.
+def selected_functions(hw: HostHardware, topology: Topology) -> tuple[str, ...]:
+    """Addresses of the non-bridge members of every GPU's IOMMU group in `topology`, sorted.
 
-    Raises PlanError naming the field when the selector matches no function (`node.gpus.ids`), another
-    number than declared (`node.gpus.count`), or a GPU whose group cannot be passed (`node.gpus`).
+    Raises PlanError naming the field (`node.gpus`) for a GPU whose group cannot be passed.
     """
-    topology = plan_topology(hw, selector)
-    if not topology.gpus:
-        raise PlanError(f"node.gpus.ids: {', '.join(selector.ids)} matches no display function on this host")
-    if topology.problems:
-        raise PlanError("node.gpus.count: " + "; ".join(topology.problems))
     refused = [
         f"{gpu.name} ({gpu.address}): {gpu.reason}" for gpu in topology.gpus if gpu.verdict is Verdict.REFUSED
     ]

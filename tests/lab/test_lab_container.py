@@ -153,7 +153,11 @@ def test_host_driver_serves_a_container_through_pvesh_and_pct(
     assert ct.gpu_drivers() == node.gpu_drivers()
     assert lab_ssh(ct, "stat -c '%n %t:%T %a %u:%g' " + " ".join(DEVN)).splitlines() == CT_NODES
     assert (ct.root / guest_payload.VERSION_FILE.lstrip("/")).read_text() == MODULE
-    inventory = runpy.run_path(str(Path(__file__).resolve().parents[2] / "inventory/lab.py"))
+    os.environ["PVEGPU_PROFILE"] = "lxc"  # inventory/lab.py lists the containers on the `lxc` profile
+    try:
+        inventory = runpy.run_path(str(Path(__file__).resolve().parents[2] / "inventory/lab.py"))
+    finally:
+        del os.environ["PVEGPU_PROFILE"]
     assert [(name, data["node"]["profile"]) for name, data in inventory["lxc_guests"]] == [(ct.name, "lxc")]
     assert [name for name, _ in inventory["pve_nodes"]] == [pve_name]
 

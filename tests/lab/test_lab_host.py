@@ -248,3 +248,71 @@ def test_doctor_reports_host_checks_and_writes_json(
         in result.stderr
     )
     assert "GPU topology of node" in result.stderr
+
+
+# What a run leaves on a node's boot path: the files pvegpu writes and what their consumers generated.
+BOOT_PATHS = (
+    "/etc/default/grub.d/pvegpu.cfg",
+    "/boot/grub/grub.cfg",
+    "/etc/kernel/cmdline",
+    "/etc/kernel/cmdline.pvegpu-orig",
+    "/etc/pvegpu/cmdline-tokens",
+    f"/var/lib/pvegpu-lab/esp/{boot.ESP_UUID}/loader/entries/proxmox-{boot.KERNEL}.conf",
+    "/etc/modules-load.d/pvegpu-vfio.conf",
+    "/etc/modprobe.d/pvegpu-vfio.conf",
+    f"/boot/initrd.img-{boot.KERNEL}",
+)
+
+
+def boot_state(node: hosts.LabHost) -> dict[str, object]:
+    files = {path: read(node, path) for path in BOOT_PATHS if (node.root / path.lstrip("/")).is_file()}
+    running = boot.running_cmdline_file(node).read_text()
+    return {"files": files, "running": running, "drivers": node.gpu_drivers()}
+
+
+@pytest.mark.parametrize(
+    ("layout", "mode"), [("grub", "netns"), ("systemd-boot", "nspawn")], ids=["grub", "systemd-boot"]
+)
+def test_drift_interrupted_run_converges_to_a_clean_runs_state_with_one_reboot(
+    make_host: MakeHost,
+    pyinfra_cli: PyinfraCli,
+    monkeypatch: pytest.MonkeyPatch,
+    layout: boot.Layout,
+    mode: str,
+) -> None:
+    allowed = {"pve_host": {"allow_reboot": True}}
+    clean = make_host("reference", mode)
+    boot.install(clean, layout)
+    assert deploy(pyinfra_cli, monkeypatch, clean, allowed).rc == 0
+    node = make_host("reference", mode)
+    boot.install(node, layout)
+    # The cut: pvegpu's files are written, nothing that consumes them ran (no update-grub, no
+    # proxmox-boot-tool refresh, no update-initramfs); on systemd-boot the command line was cut to nothing.
+    for path in ("/etc/modules-load.d/pvegpu-vfio.conf", "/etc/modprobe.d/pvegpu-vfio.conf"):
+        (node.root / path.lstrip("/")).write_text(read(clean, path))
+    if layout == "grub":
+        (node.root / "etc/default/grub.d").mkdir(parents=True, exist_ok=True)
+        (node.root / "etc/default/grub.d/pvegpu.cfg").write_text(
+            read(clean, "/etc/default/grub.d/pvegpu.cfg")
+        )
+    else:
+        (node.root / "etc/kernel/cmdline").write_text("")
+
+    first = deploy(pyinfra_cli, monkeypatch, node, allowed)
+
+    assert first.rc == 0, first.stderr
+    if layout == "systemd-boot":
+        assert (
+            f"[{node.name}] /etc/kernel/cmdline is empty: restoring it from the running kernel's "
+            f"command line: '{boot.SYSTEMD_BOOT_CMDLINE}'"
+        ) in first.stderr
+    assert reboots(node) == 1
+    assert boot_state(node) == boot_state(clean)
+
+    second = deploy(pyinfra_cli, monkeypatch, node, allowed)
+
+    assert (second.rc, second.outcome) == (
+        0,
+        {"cmdline": "no_change", "vfio": "no_change", "reboot": "no_change"},
+    ), second.stderr
+    assert reboots(node) == 1

@@ -20,8 +20,7 @@ from pyinfra.api.exceptions import OperationError
 from lab import boot, hosts
 from lab.pve import node as pve_node
 from pvegpu.facts.hardware import read_hardware_locally
-from pvegpu.facts.pci_cfg import parse_map_entry
-from pvegpu.models.pve import PciMapping
+from pvegpu.models.pve import PciMapping, parse_map_entry
 from pvegpu.operations.mapping import _update
 from pvegpu.plan.vm import nvidia_gpus
 from pvegpu.pve import PveError, connect_ssh

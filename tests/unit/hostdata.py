@@ -66,7 +66,7 @@ def written_files(**changes: Any) -> BootFiles:
     """pvegpu's boot files as the `PvegpuBootFiles` fact reads them: none written, plus `changes`."""
     base: dict[str, Any] = {
         "kernel_cmdline": None,
-        "backup_present": False,
+        "backup": None,
         "grub_dropin": None,
         "owned_tokens": (),
         "modules_load": None,

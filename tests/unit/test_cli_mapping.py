@@ -14,7 +14,7 @@ from pvegpu.cli import main
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.models.pve import MappingCheck, Severity
-from pvegpu.plan.mapping_check import check_node
+from tests.unit.proxmox_mapping_check import check_node
 
 NAMES = ("reference", "reference-renumbered", "shared-with-nic")
 REFERENCE = [(41, 14), (51, 17), (61, 20), (71, 23), ("c1", 29), ("d1", 32), ("e1", 35), ("f1", 38)]

@@ -30,7 +30,8 @@ def test_readme_has_exactly_two_setup_commands() -> None:
     block = section[section.index("```\n") + 4 : section.index("```", section.index("```\n") + 4)]
     assert block.splitlines() == [
         "bash scripts/demo.sh     # (a) bring up the lab and run the main job on it",
-        "bash scripts/test.sh     # (b) run the tests: ruff, mypy --strict, unit, lab and kernel tiers",
+        "bash scripts/test.sh     # (b) run the tests: ruff, mypy --strict, lint-imports, unit, lab and "
+        "kernel tiers",
     ]
     ci = (REPO / ".ci/run").read_text()
     assert "bash scripts/test.sh" in ci

@@ -330,7 +330,6 @@ def test_boot_loader_never_guesses(
     info = parse_boot_loader(boot_output((ESP_LIST,), commands, ("AAAA-0001",), status))
     assert info.kind is kind
     assert info.evidence[-2] == last_evidence  # the last one is always the /etc/kernel/cmdline observation
-    assert info.managed_by_proxmox_boot_tool
 
 
 @pytest.mark.parametrize(

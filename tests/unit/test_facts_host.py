@@ -13,9 +13,16 @@ from pathlib import Path
 import pytest
 from pyinfra.api.facts import get_fact
 
-from pvegpu.facts.cpu import VENDORS, CpuVendor, KernelRelease, parse_cpu_vendor, parse_kernel_release
+from pvegpu.facts.cpu import (
+    VENDORS,
+    CpuAndKernel,
+    parse_cpu_kernel,
+    parse_cpu_vendor,
+    parse_kernel_release,
+)
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.pvegpu_boot import BootFiles, PvegpuBootFiles, parse_boot_files
+from pvegpu.facts.pvegpu_boot import BootFiles, EspEntries, PvegpuBootFiles, parse_boot_files
+from pvegpu.models.boot import CpuKernel
 from tests.unit.pyinfra_local import local_state
 
 
@@ -50,13 +57,6 @@ def test_cpu_vendor_refused(lines: list[str], message: str) -> None:
     assert str(raised.value) == message
 
 
-def test_cpu_vendor_of_this_machine_through_pyinfra() -> None:
-    found = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
-    assert found is not None, "this test needs an x86 machine"
-    state, local = local_state()
-    assert get_fact(state, local, CpuVendor) == VENDORS[found[1]]
-
-
 @pytest.mark.parametrize(
     ("release", "parsed"),
     [("6.8.12-4-pve", (6, 8)), ("6.1.0-27-amd64", (6, 1)), ("5.15.143-1-pve", (5, 15))],
@@ -71,10 +71,29 @@ def test_kernel_release_garbled() -> None:
     assert str(raised.value) == "uname -r: expected a release like 6.8.12-4-pve, got []"
 
 
-def test_kernel_release_of_this_machine_through_pyinfra() -> None:
+def test_cpu_and_kernel_of_this_machine_through_pyinfra() -> None:
+    found = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    assert found is not None, "this test needs an x86 machine"
     major, minor = os.uname().release.split(".")[:2]
     state, local = local_state()
-    assert get_fact(state, local, KernelRelease) == (int(major), int(minor))
+    assert get_fact(state, local, CpuAndKernel) == CpuKernel(VENDORS[found[1]], (int(major), int(minor)))
+
+
+@pytest.mark.parametrize(
+    ("lines", "parsed"),
+    [
+        (["6.8.12-4-pve", "vendor_id\t: AuthenticAMD"], CpuKernel("amd", (6, 8))),
+        (["6.1.0-27-arm64"], CpuKernel(None, (6, 1))),
+    ],
+)
+def test_cpu_and_kernel(lines: list[str], parsed: CpuKernel) -> None:
+    assert parse_cpu_kernel(lines) == parsed
+
+
+def test_cpu_and_kernel_without_output() -> None:
+    with pytest.raises(FactParseError) as raised:
+        parse_cpu_kernel([])
+    assert str(raised.value) == "uname -r: no output"
 
 
 def test_boot_files_sections() -> None:
@@ -94,16 +113,75 @@ def test_boot_files_sections() -> None:
         "present",
         "",
         "#pvegpu:modprobe",
+        "#pvegpu:grub_cfg",
+        "present",
+        "newer-than-dropin",
+        "\tlinux\t/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro quiet amd_iommu=on iommu=pt",
+        "\tlinux\t/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro single amd_iommu=on",
+        "#pvegpu:esps",
+        "esp 5A1B-2C3D",
+        "options  root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet",
+        "options  root=ZFS=rpool/ROOT/pve-1 boot=zfs",
+        "esp 5A1B-9999",
+        "unreadable",
+        "#pvegpu:initramfs",
+        "initrd.img-6.8.12-4-pve",
         "#pvegpu:end",
     ]
     assert parse_boot_files(lines) == BootFiles(
         kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet\n",
-        backup_present=True,
+        backup="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet\n",
         grub_dropin=None,
         owned_tokens=("amd_iommu=on", "iommu=pt"),
         modules_load="\n",
         modprobe=None,
+        grub_cfg_lines=(
+            (
+                "/boot/vmlinuz-6.8.12-4-pve",
+                "root=/dev/mapper/pve-root",
+                "ro",
+                "quiet",
+                "amd_iommu=on",
+                "iommu=pt",
+            ),
+            ("/boot/vmlinuz-6.8.12-4-pve", "root=/dev/mapper/pve-root", "ro", "single", "amd_iommu=on"),
+        ),
+        grub_cfg_current=True,
+        esps=(
+            EspEntries(
+                "5A1B-2C3D",
+                (
+                    ("root=ZFS=rpool/ROOT/pve-1", "boot=zfs", "quiet"),
+                    ("root=ZFS=rpool/ROOT/pve-1", "boot=zfs"),
+                ),
+            ),
+            EspEntries("5A1B-9999", (), readable=False),
+        ),
+        stale_initramfs=("initrd.img-6.8.12-4-pve",),
     )
+
+
+def test_boot_files_without_generated_state() -> None:
+    lines = [f"#pvegpu:{name}" for name in ("kernel_cmdline", "backup", "grub_dropin", "owned")]
+    lines += [
+        f"#pvegpu:{name}" for name in ("modules_load", "modprobe", "grub_cfg", "esps", "initramfs", "end")
+    ]
+    files = parse_boot_files(lines)
+    assert (files.grub_cfg_lines, files.grub_cfg_current, files.esps, files.stale_initramfs) == (
+        None,
+        False,
+        (),
+        (),
+    )
+
+
+def test_boot_files_esp_output_before_an_esp_line() -> None:
+    lines = [f"#pvegpu:{name}" for name in ("kernel_cmdline", "backup", "grub_dropin", "owned")]
+    lines += ["#pvegpu:modules_load", "#pvegpu:modprobe", "#pvegpu:grub_cfg", "#pvegpu:esps", "options x"]
+    lines += ["#pvegpu:initramfs", "#pvegpu:end"]
+    with pytest.raises(FactParseError) as raised:
+        parse_boot_files(lines)
+    assert str(raised.value) == "ESP line 1: 'options x' before any `esp UUID` line"
 
 
 def test_boot_files_truncated() -> None:
@@ -121,7 +199,7 @@ def test_boot_files_of_this_machine_through_pyinfra() -> None:
     owned = read("/etc/pvegpu/cmdline-tokens") or ""
     assert get_fact(state, local, PvegpuBootFiles) == BootFiles(
         kernel_cmdline=read("/etc/kernel/cmdline"),
-        backup_present=Path("/etc/kernel/cmdline.pvegpu-orig").is_file(),
+        backup=read("/etc/kernel/cmdline.pvegpu-orig"),
         grub_dropin=read("/etc/default/grub.d/pvegpu.cfg"),
         owned_tokens=tuple(owned.split()),
         modules_load=read("/etc/modules-load.d/pvegpu-vfio.conf"),

@@ -15,16 +15,11 @@ from pyinfra.api.facts import get_fact
 from lab import fakesys
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.hardware import read_hardware_locally
-from pvegpu.facts.host_checks import (
-    HostCheckData,
-    HostChecks,
-    IdleState,
-    extended_capabilities,
-    parse_host_checks,
-)
+from pvegpu.facts.host_checks import HostChecks, parse_host_checks
 from pvegpu.models.hardware import HostHardware
+from pvegpu.models.host_checks import HostCheckData, IdleState
 from pvegpu.models.inventory import GpuSelector
-from pvegpu.plan.host_checks import Check, host_checks
+from pvegpu.plan.host_checks import Check, extended_capabilities, host_checks
 from pvegpu.plan.topology import plan_topology
 from tests.unit.hostdata import two_cards
 from tests.unit.pyinfra_local import local_state

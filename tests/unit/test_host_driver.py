@@ -5,17 +5,18 @@
 from __future__ import annotations
 
 import pytest
+from pvegpu.models.nvidia import LoadedModule
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, parse_nvml_version
-from pvegpu.facts.nvidia import CharDevices, LoadedModule, NvidiaModule, char_devices_command
+from pvegpu.facts.nvidia import CharDevices, NvidiaModule, char_devices_command
 from pvegpu.models.driver import DriverSpec
+from pvegpu.models.host_driver import HostDriverState, UnitState
 from pvegpu.operations.host_driver import host_driver_parked
 from pvegpu.operations.nvidia import device_nodes_present, driver_module
 from pvegpu.operations.render import render
 from pvegpu.plan.driver import KERNEL_PACKAGES, driver_packages
-from pvegpu.plan.host_driver import HostDriverState, UnitState
 from pvegpu.plan.lxc import device_nodes
 from tests.unit.op_harness import run_op
 from tests.unit.test_ops_guest import FakeShell, call

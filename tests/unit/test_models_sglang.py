@@ -39,6 +39,7 @@ def test_defaults_serve_glm5_nvfp4_tp8_on_loopback() -> None:
         "tool_call_parser": "glm47",
         "trust_remote_code": False,
         "api_key_file": None,
+        "admin_api_key_file": None,
         "host": "127.0.0.1",
         "port": 30000,
         "enable_metrics": True,

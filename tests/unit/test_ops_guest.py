@@ -12,17 +12,11 @@ from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
-from pvegpu.facts.nvidia import (
-    AptSource,
-    CudaAptSource,
-    LoadedModule,
-    NvidiaGpu,
-    NvidiaGpus,
-    NvidiaModule,
-    NvidiaSmi,
-)
+from pvegpu.facts.nvidia import CudaAptSource, NvidiaGpus, NvidiaModule
 from pvegpu.facts.sglang import Probe, SglangProbe, SglangVenv, VenvState
 from pvegpu.models.driver import DriverSpec
+from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
+from pvegpu.operations.files import write_file
 from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified
 from pvegpu.operations.reboot import REBOOT
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
@@ -93,7 +87,7 @@ def test_create_repository_fetches_keyring_writes_list_updates() -> None:
     assert commands == [
         f"/usr/lib/apt/apt-helper download-file {KEYRING_URL} /tmp/pvegpu-cuda-keyring.deb && "
         "dpkg --force-confold -i /tmp/pvegpu-cuda-keyring.deb && rm -f /tmp/pvegpu-cuda-keyring.deb",
-        f"printf %s '{LINE}' > {LIST}",
+        write_file(LIST, LINE).get_raw_value(),
         "apt-get update -qq",
     ]
     assert noops == []
@@ -102,7 +96,7 @@ def test_create_repository_fetches_keyring_writes_list_updates() -> None:
 def test_update_repository_replaces_keyrings_list_with_the_mirror() -> None:
     nvidia = LINE.replace("file:/srv/pvegpu-lab/apt/", "https://developer.download.nvidia.com/x/")
     commands, _ = repository(AptSource(keyring=True, content=nvidia))
-    assert commands == [f"printf %s '{LINE}' > {LIST}", "apt-get update -qq"]
+    assert commands == [write_file(LIST, LINE).get_raw_value(), "apt-get update -qq"]
 
 
 def test_noop_repository() -> None:
@@ -139,7 +133,7 @@ def test_error_module_still_old_after_install_without_allow_reboot() -> None:
 
 
 def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("pvegpu.operations.nvidia._REBOOT_DELAY_S", 0.0)
+    monkeypatch.setattr("pvegpu.operations.reboot._DELAY_S", 0.0)
     driver = DriverSpec(allow_reboot=True)
     commands, _ = run_op(driver_module, {NvidiaModule: OPEN_580}, driver=driver, installing=True)
     old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"

@@ -9,10 +9,11 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.boot import KernelCmdline
-from pvegpu.facts.pvegpu_boot import BootFiles
+from pvegpu.facts.pvegpu_boot import BootFiles, EspEntries
 from pvegpu.models.boot import BootLoaderInfo, BootLoaderKind
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.cmdline import cmdline_tokens
+from pvegpu.operations.files import write_file
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import render_vfio, vfio_config
 from pvegpu.plan.vfio import plan_vfio
@@ -34,104 +35,225 @@ GRUB_DROPIN = (
 )
 
 
-def cmdline(boot: BootLoaderInfo, boot_files: BootFiles, tokens: tuple[str, ...] = TOKENS) -> Any:
-    return run_op(cmdline_tokens, {}, tokens=tokens, boot=boot, files=boot_files)
+# The running command lines of the two layouts before pvegpu (synthesized, Proxmox VE 8 installer shapes).
+RUNNING_GRUB = ("BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve", "root=/dev/mapper/pve-root", "ro", "quiet")
+RUNNING_ESP = (r"initrd=\EFI\proxmox\6.8.12-4-pve\initrd.img-6.8.12-4-pve", *FRESH.split())
+GRUB_CFG_DONE = ((*RUNNING_GRUB[1:], *TOKENS),)
+ESP_FRESH = (EspEntries("5A1B-2C3D", (tuple(FRESH.split()),)),)
+DONE = "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt\n"
+ESP_DONE = (EspEntries("5A1B-2C3D", (tuple(DONE.split()),)),)
+
+
+def cmdline(
+    boot: BootLoaderInfo,
+    boot_files: BootFiles,
+    tokens: tuple[str, ...] = TOKENS,
+    running: tuple[str, ...] = RUNNING_ESP,
+) -> Any:
+    return run_op(cmdline_tokens, {KernelCmdline: running}, tokens=tokens, boot=boot, files=boot_files)
+
+
+def written(path: str, content: str, check: str | None = None) -> str:
+    return write_file(path, content, check=check).get_raw_value()
 
 
 # --- cmdline_tokens: GRUB ---------------------------------------------------------------------
 
 
-def test_create_grub_dropin_then_update_grub() -> None:
-    commands, noops = cmdline(GRUB, written_files())
-    assert commands == [f"printf %s '{GRUB_DROPIN}' > /etc/default/grub.d/pvegpu.cfg", "update-grub"]
+def test_create_grub_dropin_checked_then_update_grub() -> None:
+    commands, noops = cmdline(GRUB, written_files(grub_cfg_lines=(RUNNING_GRUB[1:],)))
+    assert commands == [written("/etc/default/grub.d/pvegpu.cfg", GRUB_DROPIN, "sh -n"), "update-grub"]
+    assert "&& sh -n /etc/default/grub.d/.pvegpu.cfg.pvegpu-new && mv -f" in str(commands[0])
     assert noops == []
 
 
-def test_noop_grub_dropin_already_adds_the_tokens() -> None:
-    commands, noops = cmdline(GRUB, written_files(grub_dropin=GRUB_DROPIN))
+def test_noop_grub_dropin_already_adds_the_tokens_and_grub_cfg_has_them() -> None:
+    done = written_files(grub_dropin=GRUB_DROPIN, grub_cfg_lines=GRUB_CFG_DONE, grub_cfg_current=True)
+    commands, noops = cmdline(GRUB, done)
     assert commands == []
-    assert noops == ["/etc/default/grub.d/pvegpu.cfg already adds amd_iommu=on iommu=pt"]
+    assert noops == [
+        "/etc/default/grub.d/pvegpu.cfg already adds amd_iommu=on iommu=pt, and /boot/grub/grub.cfg has them"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("grub_cfg_lines", "current"),
+    [
+        (None, False),  # cut before update-grub wrote any grub.cfg
+        ((RUNNING_GRUB[1:],), False),  # drop-in written, update-grub never ran
+        (((*RUNNING_GRUB[1:], "amd_iommu=on"), (*RUNNING_GRUB[1:], *TOKENS)), True),  # an entry lacks one
+        (((*RUNNING_GRUB[1:], *TOKENS, "pcie_aspm=off"),), False),  # a dropped token still in grub.cfg
+    ],
+    ids=["no-grub-cfg", "never-refreshed", "entry-lacks-token", "older-than-dropin"],
+)
+def test_drift_grub_cfg_behind_the_dropin_runs_update_grub_only(
+    grub_cfg_lines: tuple[tuple[str, ...], ...] | None, current: bool
+) -> None:
+    files = written_files(grub_dropin=GRUB_DROPIN, grub_cfg_lines=grub_cfg_lines, grub_cfg_current=current)
+    commands, noops = cmdline(GRUB, files)
+    assert (commands, noops) == (["update-grub"], [])
 
 
 def test_update_grub_dropin_drops_a_token_removed_from_the_spec() -> None:
     with_extra = GRUB_DROPIN.replace("iommu=pt", "iommu=pt pcie_aspm=off")
-    commands, _ = cmdline(GRUB, written_files(grub_dropin=with_extra))
-    assert commands == [f"printf %s '{GRUB_DROPIN}' > /etc/default/grub.d/pvegpu.cfg", "update-grub"]
+    commands, _ = cmdline(GRUB, written_files(grub_dropin=with_extra, grub_cfg_current=True))
+    assert commands == [written("/etc/default/grub.d/pvegpu.cfg", GRUB_DROPIN, "sh -n"), "update-grub"]
 
 
 # --- cmdline_tokens: systemd-boot -------------------------------------------------------------
 
 
 def test_create_systemd_boot_backs_up_once_records_owned_tokens_and_refreshes() -> None:
-    commands, noops = cmdline(SYSTEMD_BOOT, written_files(kernel_cmdline=FRESH))
+    commands, noops = cmdline(SYSTEMD_BOOT, written_files(kernel_cmdline=FRESH, esps=ESP_FRESH))
     assert commands == [
-        "cp -p /etc/kernel/cmdline /etc/kernel/cmdline.pvegpu-orig",
+        written("/etc/kernel/cmdline.pvegpu-orig", FRESH),
         "mkdir -p /etc/pvegpu",
-        "printf %s 'amd_iommu=on\niommu=pt\n' > /etc/pvegpu/cmdline-tokens",
-        "printf %s 'root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt\n' > /etc/kernel/cmdline",
+        written("/etc/pvegpu/cmdline-tokens", "amd_iommu=on\niommu=pt\n"),
+        written("/etc/kernel/cmdline", DONE),
         "proxmox-boot-tool refresh",
     ]
     assert noops == []
 
 
 def test_noop_systemd_boot_already_has_the_tokens() -> None:
-    done = written_files(
-        kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on iommu=pt\n",
-        backup_present=True,
-        owned_tokens=TOKENS,
-    )
-    commands, noops = cmdline(SYSTEMD_BOOT, done)
+    done = written_files(kernel_cmdline=DONE, backup=FRESH, owned_tokens=TOKENS, esps=ESP_DONE)
+    commands, noops = cmdline(SYSTEMD_BOOT, done, running=(*RUNNING_ESP, *TOKENS))
     assert commands == []
-    assert noops == ["/etc/kernel/cmdline already has amd_iommu=on iommu=pt"]
+    assert noops == ["/etc/kernel/cmdline already has amd_iommu=on iommu=pt, and every ESP boots with it"]
+
+
+@pytest.mark.parametrize(
+    "esps",
+    [
+        ESP_FRESH,  # cut before proxmox-boot-tool refresh
+        (*ESP_DONE, EspEntries("5A1B-9999", (tuple(FRESH.split()),))),  # refresh cut after the first ESP
+        (EspEntries("5A1B-2C3D", ()),),  # no proxmox entry
+        (EspEntries("5A1B-2C3D", (), readable=False),),
+    ],
+    ids=["never-refreshed", "second-esp-behind", "no-entry", "unreadable"],
+)
+def test_drift_esp_behind_kernel_cmdline_refreshes_only(esps: tuple[EspEntries, ...]) -> None:
+    files = written_files(kernel_cmdline=DONE, backup=FRESH, owned_tokens=TOKENS, esps=esps)
+    commands, noops = cmdline(SYSTEMD_BOOT, files)
+    assert (commands, noops) == (["proxmox-boot-tool refresh"], [])
 
 
 def test_update_systemd_boot_removes_only_its_own_token_and_keeps_the_backup() -> None:
     before = written_files(
         kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 mitigations=off amd_iommu=on iommu=pt pcie_aspm=off\n",
-        backup_present=True,
+        backup="root=ZFS=rpool/ROOT/pve-1 mitigations=off\n",
         owned_tokens=(*TOKENS, "pcie_aspm=off"),
     )
-    commands, _ = cmdline(SYSTEMD_BOOT, before)
+    running = ("root=ZFS=rpool/ROOT/pve-1", "mitigations=off", *TOKENS, "pcie_aspm=off")
+    commands, _ = cmdline(SYSTEMD_BOOT, before, running=running)
     assert commands == [
         "mkdir -p /etc/pvegpu",
-        "printf %s 'amd_iommu=on\niommu=pt\n' > /etc/pvegpu/cmdline-tokens",
-        "printf %s 'root=ZFS=rpool/ROOT/pve-1 mitigations=off amd_iommu=on iommu=pt\n' > /etc/kernel/cmdline",
+        written("/etc/pvegpu/cmdline-tokens", "amd_iommu=on\niommu=pt\n"),
+        written("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 mitigations=off amd_iommu=on iommu=pt\n"),
         "proxmox-boot-tool refresh",
     ]
 
 
 def test_update_systemd_boot_users_own_token_is_not_taken_over() -> None:
-    users = written_files(kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 iommu=pt\n", backup_present=True)
-    commands, _ = cmdline(SYSTEMD_BOOT, users)
+    users = written_files(kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 iommu=pt\n", backup=FRESH)
+    commands, _ = cmdline(SYSTEMD_BOOT, users, running=("root=ZFS=rpool/ROOT/pve-1", "iommu=pt"))
     assert commands == [
         "mkdir -p /etc/pvegpu",
-        "printf %s 'amd_iommu=on\n' > /etc/pvegpu/cmdline-tokens",
-        "printf %s 'root=ZFS=rpool/ROOT/pve-1 iommu=pt amd_iommu=on\n' > /etc/kernel/cmdline",
+        written("/etc/pvegpu/cmdline-tokens", "amd_iommu=on\n"),
+        written("/etc/kernel/cmdline", "root=ZFS=rpool/ROOT/pve-1 iommu=pt amd_iommu=on\n"),
         "proxmox-boot-tool refresh",
     ]
 
 
 @pytest.mark.parametrize(
-    ("boot", "boot_files", "message"),
+    ("damaged", "damage"),
+    [
+        ("", "empty"),
+        ("\n", "empty"),
+        ('root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet foo="a b\n', "cut off (an unclosed quote)"),
+        ("amd_iommu=on iommu=pt\n", "without root="),
+        ("root=ZFS=rpool/ROOT/pve-1 bo\n", "cut off (a prefix of the running command line)"),
+    ],
+)
+def test_drift_damaged_kernel_cmdline_is_restored_from_the_running_line(
+    damaged: str, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = written_files(kernel_cmdline=damaged, backup=FRESH, owned_tokens=TOKENS, esps=ESP_DONE)
+    commands, noops = cmdline(SYSTEMD_BOOT, files, running=(*RUNNING_ESP, *TOKENS))
+    assert commands == [written("/etc/kernel/cmdline", DONE), "proxmox-boot-tool refresh"]
+    assert noops == []
+    assert caplog.messages == [
+        f"[pve1] /etc/kernel/cmdline is {damage}: restoring it from the running kernel's command line: "
+        "'root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet'"
+    ]
+
+
+def test_drift_empty_kernel_cmdline_without_backup_is_restored_and_backed_up_from_the_running_line() -> None:
+    files = written_files(kernel_cmdline="", esps=ESP_FRESH)
+    commands, _ = cmdline(SYSTEMD_BOOT, files)
+    assert commands == [
+        written("/etc/kernel/cmdline.pvegpu-orig", FRESH),
+        "mkdir -p /etc/pvegpu",
+        written("/etc/pvegpu/cmdline-tokens", "amd_iommu=on\niommu=pt\n"),
+        written("/etc/kernel/cmdline", DONE),
+        "proxmox-boot-tool refresh",
+    ]
+
+
+def test_drift_damaged_kernel_cmdline_restored_from_the_backup_when_the_running_line_has_no_root() -> None:
+    files = written_files(kernel_cmdline="", backup=FRESH, owned_tokens=TOKENS, esps=ESP_DONE)
+    commands, _ = cmdline(SYSTEMD_BOOT, files, running=("quiet", *TOKENS))
+    assert commands == [written("/etc/kernel/cmdline", DONE), "proxmox-boot-tool refresh"]
+
+
+@pytest.mark.parametrize(
+    ("boot", "boot_files", "running", "message"),
     [
         (
             UNKNOWN,
             written_files(),
+            RUNNING_ESP,
             "pve1: bootloader unknown, so no kernel command line is written: "
             "/etc/default/grub absent; update-grub not found",
         ),
         (
             SYSTEMD_BOOT,
             written_files(),
+            RUNNING_ESP,
             "pve1: systemd-boot without /etc/kernel/cmdline: no command line to add amd_iommu=on iommu=pt to",
         ),
+        (
+            SYSTEMD_BOOT,
+            written_files(kernel_cmdline="\n", backup="\n"),
+            ("quiet",),
+            "pve1: /etc/kernel/cmdline is empty, and neither the running command line nor "
+            "/etc/kernel/cmdline.pvegpu-orig can restore it (no root=): write it by hand",
+        ),
+        (
+            SYSTEMD_BOOT,
+            written_files(kernel_cmdline="root=ZFS=rpool/ROOT/pve-1 quiet\n", backup=FRESH),
+            RUNNING_ESP,
+            "pve1: not writing /etc/kernel/cmdline 'root=ZFS=rpool/ROOT/pve-1 quiet amd_iommu=on iommu=pt': "
+            "without pvegpu's tokens it is shorter than the running kernel's "
+            "('root=ZFS=rpool/ROOT/pve-1 quiet' < 'root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet'); "
+            "fix /etc/kernel/cmdline by hand (the running line is in /proc/cmdline)",
+        ),
+        (
+            SYSTEMD_BOOT,
+            written_files(kernel_cmdline=f"root=ZFS=rpool/ROOT/pve-1 {'x' * 2020}\n", backup=FRESH),
+            ("root=ZFS=rpool/ROOT/pve-1",),
+            f"pve1: not writing /etc/kernel/cmdline 'root=ZFS=rpool/ROOT/pve-1 {'x' * 2020} amd_iommu=on "
+            "iommu=pt': it is 2068 bytes, the kernel keeps 2047; "
+            "fix /etc/kernel/cmdline by hand (the running line is in /proc/cmdline)",
+        ),
     ],
+    ids=["unknown", "no-kernel-cmdline", "unrestorable", "shorter-than-running", "over-the-limit"],
 )
 def test_error_cmdline_refuses_what_it_cannot_apply(
-    boot: BootLoaderInfo, boot_files: BootFiles, message: str
+    boot: BootLoaderInfo, boot_files: BootFiles, running: tuple[str, ...], message: str
 ) -> None:
     with pytest.raises(OperationError) as raised:
-        cmdline(boot, boot_files)
+        cmdline(boot, boot_files, running=running)
     assert str(raised.value) == message
 
 
@@ -181,11 +303,33 @@ def vfio(boot_files: BootFiles, functions: tuple[str, ...] = ALL) -> Any:
 def test_create_vfio_dropins_then_update_initramfs() -> None:
     commands, noops = vfio(written_files())
     assert commands == [
-        f"printf %s '{MODULES_6_8}' > /etc/modules-load.d/pvegpu-vfio.conf",
-        f"printf %s '{MODPROBE_IDS}' > /etc/modprobe.d/pvegpu-vfio.conf",
+        written("/etc/modules-load.d/pvegpu-vfio.conf", MODULES_6_8),
+        written("/etc/modprobe.d/pvegpu-vfio.conf", MODPROBE_IDS),
         "update-initramfs -u -k all",
     ]
     assert noops == []
+
+
+def test_drift_initramfs_older_than_the_dropins_is_rebuilt_only() -> None:
+    stale = written_files(
+        modules_load=MODULES_6_8, modprobe=MODPROBE_IDS, stale_initramfs=("initrd.img-6.8.12-4-pve",)
+    )
+    assert vfio(stale) == (["update-initramfs -u -k all"], [])
+
+
+def test_drift_initramfs_older_than_a_removal_is_rebuilt_only() -> None:
+    stale = written_files(stale_initramfs=("initrd.img-6.8.12-4-pve",))
+    assert run_op(vfio_config, {}, files=stale, present=False) == (["update-initramfs -u -k all"], [])
+
+
+def test_noop_vfio_absent_and_initramfs_current() -> None:
+    assert run_op(vfio_config, {}, files=written_files(), present=False) == (
+        [],
+        [
+            "/etc/modules-load.d/pvegpu-vfio.conf and /etc/modprobe.d/pvegpu-vfio.conf are absent: "
+            "nothing binds GPUs to vfio-pci at boot"
+        ],
+    )
 
 
 def test_noop_vfio_dropins_match() -> None:
@@ -199,10 +343,8 @@ def test_noop_vfio_dropins_match() -> None:
 
 def test_update_only_the_changed_dropin_then_update_initramfs() -> None:
     commands, _ = vfio(written_files(modules_load=MODULES_6_8, modprobe=MODPROBE_IDS), functions=ALL[:2])
-    assert len(commands) == 2
-    assert str(commands[0]).startswith("printf %s '# Managed by pvegpu")
-    assert str(commands[0]).endswith("' > /etc/modprobe.d/pvegpu-vfio.conf")
-    assert commands[1] == "update-initramfs -u -k all"
+    modprobe = render_vfio(plan_vfio(two_cards(), ALL[:2], (6, 8)))["/etc/modprobe.d/pvegpu-vfio.conf"]
+    assert commands == [written("/etc/modprobe.d/pvegpu-vfio.conf", modprobe), "update-initramfs -u -k all"]
 
 
 # --- reboot_if_pending -------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from pvegpu.facts.lxc_devices import NvidiaNodes, parse_nvidia_nodes
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import spec_of
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
-from pvegpu.operations.lxc import container_driver, lxc_container, lxc_parked, lxc_raw_lines, lxc_running
+from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
+from pvegpu.operations.pve_guest import CT, guest_parked, guest_running
 from pvegpu.plan.lxc import (
     SHM_ENTRY,
     SHM_PREFIX,
@@ -233,11 +234,11 @@ def test_noop_raw_lines_present() -> None:
     )
 
 
-# --- lxc_running, container_driver -----------------------------------------------------------
+# --- guest_running (a container), container_driver -------------------------------------------
 
 
 def running(api: FakeApi) -> tuple[list[Any], list[str]]:
-    return run_op(lxc_running, {}, api=api.client, node="pve1", vmid=200, timeout_s=5)
+    return run_op(guest_running, {}, kind=CT, api=api.client, node="pve1", vmid=200, timeout_s=5)
 
 
 def test_noop_and_start_container() -> None:
@@ -282,7 +283,7 @@ def test_drift_container_driver() -> None:
     )
 
 
-# --- lxc_parked ------------------------------------------------------------------------------
+# --- guest_parked (a container) ---------------------------------------------------------------
 
 STOP = "/nodes/pve1/lxc/200/status/stop"
 UPID_STOP = "UPID:pve1:0000B1B4:0153F2C5:66A1B2C5:vzstop:200:root@pam:"
@@ -290,7 +291,15 @@ UPID_STOP = "UPID:pve1:0000B1B4:0153F2C5:66A1B2C5:vzstop:200:root@pam:"
 
 def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
     return run_op(
-        lxc_parked, {}, api=api.client, node="pve1", vmid=200, profile="vm", allow_stop=allow, timeout_s=5
+        guest_parked,
+        {},
+        kind=CT,
+        api=api.client,
+        node="pve1",
+        vmid=200,
+        profile="vm",
+        allow_stop=allow,
+        timeout_s=5,
     )
 
 

@@ -1,6 +1,7 @@
-"""`q35_vm`, `vm_running`, `guest_gpus`: API state in -> exact API calls out (when executed), or the noop
-sentence, or the error. API answers and error texts follow proxmox-api-behaviour.md §4-5 (config values
-typed as Proxmox types them: ints for integer keys, strings otherwise; missing VM; checksum mismatch)."""
+"""`q35_vm`, `guest_running` (a VM), `guest_gpus`: API state in -> exact API calls out (when executed), or
+the noop sentence, or the error. API answers and error texts follow proxmox-api-behaviour.md §4-5 (config
+values typed as Proxmox types them: ints for integer keys, strings otherwise; missing VM; checksum
+mismatch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.models.vm import VmSpec
-from pvegpu.operations.vm import guest_gpus, q35_vm, vm_running
+from pvegpu.operations.pve_guest import VM, guest_running
+from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.vm import create_keys, vm_config
 from pvegpu.pve import PveError
@@ -180,7 +182,9 @@ def test_error_slot_held_by_a_device_pvegpu_does_not_own() -> None:
 
 
 def start(api: FakeApi, unbound: tuple[str, ...] = ()) -> tuple[list[Any], list[str]]:
-    return run_op(vm_running, {}, api=api.client, node="pve1", vmid=100, unbound=unbound, timeout_s=5)
+    return run_op(
+        guest_running, {}, kind=VM, api=api.client, node="pve1", vmid=100, unbound=unbound, timeout_s=5
+    )
 
 
 STATUS = "/nodes/pve1/qemu/100/status/current"

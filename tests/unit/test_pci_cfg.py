@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from pvegpu.facts.pci_cfg import CfgError, MapEntryError, parse_map_entry, parse_pci_cfg, render_pci_cfg
-from pvegpu.models.pve import MapEntry, PciMapping
+from pvegpu.facts.pci_cfg import CfgError, parse_pci_cfg, render_pci_cfg
+from pvegpu.models.pve import MapEntry, MapEntryError, PciMapping, parse_map_entry
 from tests.unit.realdata import real_fixture
 
 MAP_A = "path=0000:01:00.0,node=pve1,id=10de:2204,subsystem-id=1458:403b,iommugroup=12"

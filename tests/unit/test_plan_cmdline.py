@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu.plan.cmdline import CmdlineEdit, desired_tokens, edit_cmdline
+from pvegpu.plan.cmdline import (
+    CmdlineEdit,
+    booted_base,
+    cmdline_damage,
+    desired_tokens,
+    edit_cmdline,
+    unsafe_cmdline,
+)
 from pvegpu.plan.errors import PlanError
 
 # Synthesized: a fresh Proxmox VE 8 systemd-boot (ZFS) /etc/kernel/cmdline, as the installer writes it.
@@ -101,3 +108,34 @@ def test_switch_to_baremetal_and_back_gives_the_fresh_line() -> None:
     )
     back = edit_cmdline(baremetal.tokens, baremetal.owned, ("amd_iommu=on", "iommu=pt"))
     assert back == CmdlineEdit(tokens=fresh.tokens, owned=fresh.owned, added=("amd_iommu=on",), removed=())
+
+
+RUNNING = (r"initrd=\EFI\proxmox\6.8.12-4-pve\initrd.img-6.8.12-4-pve", *FRESH, "amd_iommu=on", "iommu=pt")
+
+
+def test_booted_base_drops_loader_and_pvegpu_tokens() -> None:
+    assert booted_base(RUNNING, ("amd_iommu=on", "iommu=pt")) == FRESH
+
+
+@pytest.mark.parametrize(
+    ("text", "damage"),
+    [
+        (" \n", "empty"),
+        ('root=ZFS=rpool/ROOT/pve-1 a="b\n', "cut off (an unclosed quote)"),
+        ("boot=zfs quiet\n", "without root="),
+        ("root=ZFS=rpool/ROOT/pve-1 boot=z", "cut off (a prefix of the running command line)"),
+        ("root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet amd_iommu=on\n", None),
+        ("root=ZFS=rpool/ROOT/pve-1 quiet\n", None),  # shorter, but not a cut: unsafe_cmdline refuses it
+    ],
+)
+def test_cmdline_damage(text: str, damage: str | None) -> None:
+    assert cmdline_damage(text, FRESH) == damage
+
+
+def test_unsafe_cmdline() -> None:
+    own = ("amd_iommu=on", "iommu=pt")
+    assert unsafe_cmdline((*FRESH, *own), FRESH, own) is None
+    assert unsafe_cmdline(("boot=zfs", *own), ("boot=zfs",), own) == "it has no root="
+    assert (
+        unsafe_cmdline(("root=x", "y" * 2045), ("root=x",), own) == "it is 2052 bytes, the kernel keeps 2047"
+    )

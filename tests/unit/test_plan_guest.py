@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from pvegpu.facts.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.guest_inventory import exit_on_invalid_guests
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import ROLE_SPECS, NodeSpec, validate_inventory
+from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.render import render
 from pvegpu.plan.driver import apt_source_line, cuda_distro, flavour_problems, keyring_url, verify_problems
@@ -19,7 +19,7 @@ from pvegpu.plan.errors import PlanError
 from pvegpu.plan.guest import check_guest
 from pvegpu.plan.nccl import plan_nccl
 from pvegpu.plan.sglang import plan_sglang_argv
-from pvegpu.plan.sglang_service import exec_start
+from pvegpu.plan.sglang_service import exec_start, exec_start_pre
 
 NODE = {"name": "gpu-vm", "gpus": {"ids": ["10de:2bb1"], "count": 8}}
 
@@ -153,19 +153,20 @@ def test_exec_start_plain() -> None:
     )
 
 
-def test_exec_start_with_key_reads_the_credential_in_a_shell() -> None:
+def test_exec_start_with_key_passes_only_the_config_path() -> None:
     spec = SglangSpec(
         host="0.0.0.0", api_key_file="/etc/pvegpu/api-key", served_model_name="glm 5%", enable_metrics=False,
         context_length=None, chunked_prefill_size=None, cuda_graph_max_bs=None, reasoning_parser=None,
         tool_call_parser=None, quantization=None,
     )  # fmt: skip
     assert exec_start(spec, vm_argv(spec)) == (
-        '/bin/sh -c "exec /opt/sglang/venv/bin/sglang serve --model-path /models/GLM-5-NVFP4 '
-        "--served-model-name 'glm 5%%' --tp-size 8 --pp-size 1 --kv-cache-dtype bf16 "
-        "--mem-fraction-static 0.88 --host 0.0.0.0 --port 30000 --enable-p2p-check "
-        "--disable-custom-all-reduce "
-        '--api-key \\"$$(cat \\"$$CREDENTIALS_DIRECTORY/api-key\\")\\""'
+        "/opt/sglang/venv/bin/sglang serve --model-path /models/GLM-5-NVFP4 "
+        '--served-model-name "glm 5%%" --tp-size 8 --pp-size 1 --kv-cache-dtype bf16 '
+        "--mem-fraction-static 0.88 --host 0.0.0.0 --port 30000 --config /run/sglang/secrets.yaml "
+        "--enable-p2p-check --disable-custom-all-reduce"
     )
+    assert exec_start_pre(spec) == "/opt/sglang/venv/bin/python /usr/local/lib/pvegpu/sglang-secrets.py"
+    assert exec_start_pre(SglangSpec()) is None
 
 
 def test_env_file_vm_and_baremetal_say_why() -> None:
@@ -186,7 +187,7 @@ def test_env_file_vm_and_baremetal_say_why() -> None:
     )
 
 
-def test_unit_file_with_key_loads_it_as_a_credential() -> None:
+def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -> None:
     text = render(
         "sglang/sglang.service.j2",
         sglang_version="0.5.23",
@@ -194,14 +195,19 @@ def test_unit_file_with_key_loads_it_as_a_credential() -> None:
         model_path="/models/GLM-5-NVFP4",
         user="sglang",
         env_file="/etc/pvegpu/sglang.env",
-        api_key_file="/root/key",
-        credential="api-key",
-        exec_start="/bin/sh -c x",
+        credentials=(("api-key", "/root/key"), ("admin-api-key", "/root/admin")),
+        runtime_directory="sglang",
+        exec_start_pre="/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
+        exec_start="/v/bin/sglang serve --config /run/sglang/secrets.yaml",
     )
-    assert text.splitlines()[7:12] == [
+    assert text.splitlines()[7:16] == [
         "User=sglang",
         "Group=sglang",
         "EnvironmentFile=/etc/pvegpu/sglang.env",
         "LoadCredential=api-key:/root/key",
-        "ExecStart=/bin/sh -c x",
+        "LoadCredential=admin-api-key:/root/admin",
+        "RuntimeDirectory=sglang",
+        "RuntimeDirectoryMode=0700",
+        "ExecStartPre=/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
+        "ExecStart=/v/bin/sglang serve --config /run/sglang/secrets.yaml",
     ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pvegpu.facts.lxc_devices import parse_proc_devices
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.lxc import LxcDevices, parse_proc_devices, plan_lxc_devices, version_drift
+from pvegpu.plan.lxc import LxcDevices, plan_lxc_devices, version_drift
 
 CAPS = ("/dev/nvidia-caps/nvidia-cap2", "/dev/nvidia-caps/nvidia-cap1")
 # Synthesized in /proc/devices' format (fs/char_dev.c `%3d %s`), majors as §4.3 reports seen in the wild.

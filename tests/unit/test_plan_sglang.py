@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.sglang_options import load_option_table
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.sglang import API_KEY_ARG, SGLANG_SERVE, check_argv, check_layout, plan_sglang_argv
+from pvegpu.plan.sglang import (
+    SECRETS_CONFIG,
+    VM_P2P_OPTIONS,
+    check_argv,
+    check_layout,
+    plan_sglang_argv,
+    profile_problems,
+    secret_options,
+)
 
 TP8 = (
     "--model-path", "/models/GLM-5-NVFP4", "--served-model-name", "glm-5",
@@ -24,7 +33,6 @@ def plan_error(spec: SglangSpec, gpus: int = 8, flags: tuple[str, ...] = ()) -> 
 
 
 def test_create_tp8_defaults() -> None:
-    assert SGLANG_SERVE == ("sglang", "serve")
     assert plan_sglang_argv(SglangSpec(), 8) == TP8
 
 
@@ -62,10 +70,52 @@ def test_create_public_with_api_key_multi_node_and_options_off() -> None:
         "--model-path", "/srv/glm", "--served-model-name", "glm", "--trust-remote-code",
         "--tp-size", "8", "--pp-size", "2", "--kv-cache-dtype", "bf16", "--mem-fraction-static", "0.88",
         "--chunked-prefill-size", "-1", "--host", "0.0.0.0", "--port", "8000",
-        "--api-key", "${SGLANG_API_KEY}",
+        "--config", "/run/sglang/secrets.yaml",
         "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000",
     )  # fmt: skip
-    assert API_KEY_ARG == "${SGLANG_API_KEY}"
+    assert SECRETS_CONFIG == "/run/sglang/secrets.yaml"
+    assert secret_options(spec) == (("api-key", "/etc/pvegpu/sglang.key"),)
+
+
+def test_create_admin_key_alone_also_reads_the_config_file() -> None:
+    spec = SglangSpec(admin_api_key_file="/root/admin.key")
+    assert plan_sglang_argv(spec, 8)[-3:] == ("--config", "/run/sglang/secrets.yaml", "--enable-metrics")
+    assert secret_options(spec) == (("admin-api-key", "/root/admin.key"),)
+    both = SglangSpec(api_key_file="/root/api.key", admin_api_key_file="/root/admin.key")
+    assert secret_options(both) == (("api-key", "/root/api.key"), ("admin-api-key", "/root/admin.key"))
+
+
+def test_vm_p2p_options_are_named_by_the_pinned_table() -> None:
+    dests = {option.dest for option in load_option_table().options}
+    assert set(VM_P2P_OPTIONS) <= dests
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (("--enable-mscclpp",),
+         "--enable-mscclpp is refused in the vm profile: MSCCL++ all-reduce and all-gather exchange GPU "
+         "buffers peer to peer"),
+        (("--enable-symm-mem",),
+         "--enable-symm-mem is refused in the vm profile: NCCL symmetric memory maps each GPU's buffers into "
+         "its peers"),
+        (("--enable-torch-symm-mem",),
+         "--enable-torch-symm-mem is refused in the vm profile: torch symmetric-memory all-reduce maps "
+         "buffers across GPUs (CUDA IPC)"),
+        (("--enable-nccl-nvls",),
+         "--enable-nccl-nvls is refused in the vm profile: NVLink SHARP needs NVLink/NVSwitch between "
+         "the GPUs"),
+        (("--flashinfer-allreduce-fusion-backend=trtllm",),
+         "--flashinfer-allreduce-fusion-backend is refused in the vm profile: FlashInfer's fused all-reduce "
+         "shares IPC buffers between GPUs"),
+    ],
+)  # fmt: skip
+def test_error_vm_profile_refuses_p2p_options(extra: tuple[str, ...], problem: str) -> None:
+    spec = SglangSpec(extra_args=("--watchdog-timeout", "1200", *extra))
+    assert profile_problems("vm", spec) == (
+        f"sglang.extra_args: {problem}, and passed-through GPUs have no P2P",
+    )
+    assert profile_problems("lxc", spec) == profile_problems("baremetal", spec) == ()
 
 
 def test_multi_node_layout_counts_every_node() -> None:
@@ -106,7 +156,6 @@ def test_error_tp_times_pp_is_not_the_gpu_count() -> None:
         (("--watchdog-timeout",), "sglang.extra_args: --watchdog-timeout expects a value"),
         (("--tensor-parallel-size", "8"),
          "sglang.extra_args: --tensor-parallel-size is set by sglang.tp_size"),
-        (("--api-key=x",), "sglang.extra_args: --api-key=x is set by sglang.api_key_file"),
         (("--disable-custom-all-reduce",),
          "sglang.extra_args: --disable-custom-all-reduce is already set by the profile's plan"),
     ],

@@ -10,6 +10,7 @@ from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import GpuSelector
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.reboot import pending_message, pending_reasons
+from pvegpu.plan.topology import plan_topology, require_gpus
 from pvegpu.plan.vfio import BLACKLIST_VM, VfioPlan, plan_vfio, selected_functions
 from tests.unit.hostdata import AUDIO, RTX, two_cards
 
@@ -17,7 +18,8 @@ BOTH = ("0000:41:00.0", "0000:41:00.1", "0000:51:00.0", "0000:51:00.1")
 
 
 def test_selected_functions_are_each_groups_non_bridge_members() -> None:
-    assert selected_functions(two_cards(), GpuSelector(ids=(RTX,), count=2)) == BOTH
+    hw = two_cards()
+    assert selected_functions(hw, plan_topology(hw, GpuSelector(ids=(RTX,), count=2))) == BOTH
 
 
 @pytest.mark.parametrize(
@@ -35,7 +37,7 @@ def test_selected_functions_are_each_groups_non_bridge_members() -> None:
 )
 def test_error_selector_names_the_field(selector: GpuSelector, message: str) -> None:
     with pytest.raises(PlanError) as raised:
-        selected_functions(two_cards(), selector)
+        require_gpus(plan_topology(two_cards(), selector), selector)
     assert str(raised.value) == message
 
 
@@ -44,7 +46,7 @@ def test_error_group_shared_with_an_endpoint_is_refused() -> None:
     nic = replace(hw.by_address["0000:61:00.0"], iommu_group=14)
     shared = HostHardware(tuple(nic if f.address == nic.address else f for f in hw.functions), True)
     with pytest.raises(PlanError) as raised:
-        selected_functions(shared, GpuSelector(ids=(RTX,)))
+        selected_functions(shared, plan_topology(shared, GpuSelector(ids=(RTX,))))
     assert str(raised.value).startswith("node.gpus: gpu0 (0000:41:00): ")
     assert "0000:61:00.0" in str(raised.value)
 

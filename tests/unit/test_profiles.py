@@ -12,14 +12,15 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.boot import KernelCmdline
+from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import GpuSelector
+from pvegpu.operations.pve_guest import VM, guest_parked, guest_running, maps_gpus
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import vfio_config
-from pvegpu.operations.vm import vm_running
-from pvegpu.operations.vm_parked import maps_gpus, vm_parked
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.profile import HostProfile, held_by_vfio, host_profile, profile_functions
 from pvegpu.plan.reboot import pending_reasons
+from pvegpu.plan.topology import plan_topology
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import UPID_START, FakeApi, execute, sequence, task_ok
 from tests.unit.hostdata import RTX, fn, two_cards, written_files
@@ -55,11 +56,15 @@ def shared_group() -> Any:
     return type(hw)(functions=(*hw.functions, nic), iommu_present=True)
 
 
+def functions_of(profile: str, hw: HostHardware, selector: GpuSelector = SELECTOR) -> tuple[str, ...]:
+    return profile_functions(profile, hw, plan_topology(hw, selector), selector)
+
+
 def test_profile_functions_host_driver_profiles_take_card_functions_without_group_verdicts() -> None:
-    assert profile_functions("baremetal", shared_group(), SELECTOR) == ALL
-    assert profile_functions("lxc", two_cards(), SELECTOR) == ALL
+    assert functions_of("baremetal", shared_group()) == ALL
+    assert functions_of("lxc", two_cards()) == ALL
     with pytest.raises(PlanError) as raised:
-        profile_functions("vm", shared_group(), SELECTOR)
+        functions_of("vm", shared_group())
     assert str(raised.value).startswith("node.gpus: gpu0 (0000:41:00): ")
 
 
@@ -75,7 +80,7 @@ def test_profile_functions_host_driver_profiles_take_card_functions_without_grou
 )
 def test_error_profile_functions_bad_selector(selector: GpuSelector, message: str) -> None:
     with pytest.raises(PlanError) as raised:
-        profile_functions("baremetal", two_cards(), selector)
+        functions_of("baremetal", two_cards(), selector)
     assert str(raised.value).startswith(message)
 
 
@@ -167,7 +172,7 @@ def test_host_driver_profile_pending_and_allowed_reboots() -> None:
     assert isinstance(commands[1], FunctionCommand)
 
 
-# --- vm_parked -------------------------------------------------------------------------------
+# --- guest_parked (a VM) ----------------------------------------------------------------------
 
 CONFIG = "/nodes/pve1/qemu/100/config"
 STATUS = "/nodes/pve1/qemu/100/status/current"
@@ -189,8 +194,9 @@ def status(state: str) -> dict[str, object]:
 
 def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
     return run_op(
-        vm_parked,
+        guest_parked,
         {},
+        kind=VM,
         api=api.client,
         node="pve1",
         vmid=100,
@@ -255,7 +261,7 @@ def test_update_stopped_vm_only_onboot_cleared_even_when_not_allowed() -> None:
         ),
     ],
 )
-def test_noop_vm_parked(config: dict[str, object], noop: str) -> None:
+def test_noop_guest_parked_vm(config: dict[str, object], noop: str) -> None:
     api = FakeApi({("GET", CONFIG): config, ("GET", STATUS): status("stopped")})
 
     assert park(api) == ([], [noop])
@@ -275,7 +281,7 @@ def test_maps_gpus_only_pvegpus_prefix() -> None:
     assert not maps_gpus({"hostpci0": "mapping=mygpu0,pcie=1"}, "gpu")
 
 
-# --- vm_running with a recheck at execution -------------------------------------------------
+# --- guest_running (a VM) with a recheck at execution ----------------------------------------
 
 START = "/nodes/pve1/qemu/100/status/start"
 TASK_START = f"/nodes/pve1/tasks/{UPID_START}/status"
@@ -283,8 +289,9 @@ TASK_START = f"/nodes/pve1/tasks/{UPID_START}/status"
 
 def start_later(api: FakeApi, later: tuple[str, ...]) -> Any:
     return run_op(
-        vm_running,
+        guest_running,
         {},
+        kind=VM,
         api=api.client,
         node="pve1",
         vmid=100,

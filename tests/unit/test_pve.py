@@ -34,7 +34,6 @@ from pvegpu.models.pve import (
     GuestConfig,
     MappingCheck,
     MappingState,
-    NodePciDevice,
     PciMapping,
     Severity,
     VmStatus,
@@ -295,28 +294,16 @@ def test_qemu_put_output_before_json_and_null_result() -> None:
     api.update_vm_config("pve1", 100, {"cores": 4}, DIGEST)  # the handler's line before no JSON: no error
 
 
-def test_vm_config_status_lxc_and_node_pci() -> None:
+def test_vm_config_status_and_lxc() -> None:
     config = {"cores": 8, "digest": DIGEST, "hostpci0": "mapping=gpu0,pcie=1", "memory": "65536", "numa": 1}
     status = {"ha": {"managed": 0}, "name": "llm", "qmpstatus": "stopped", "status": "stopped", "vmid": 100}
     lxc = {"digest": DIGEST, "hostname": "ct", "lxc": [["lxc.cgroup2.devices.allow", "c 195:* rwm"]]}
-    pci = [
-        {"class": "0x030000", "device": "0x2bb1", "id": "0000:41:00.0", "iommugroup": 14,
-         "subsystem_device": "0x204b", "subsystem_vendor": "0x10de", "vendor": "0x10de"},
-        {"class": "0x060400", "device": "0x14ab", "id": "0000:40:01.1", "iommugroup": -1, "vendor": "0x1022"},
-    ]  # fmt: skip
-    api, pvesh = client(*((json.dumps(x, sort_keys=True) + "\n", "", 0) for x in (config, status, lxc, pci)))
+    api, _ = client(*((json.dumps(x, sort_keys=True) + "\n", "", 0) for x in (config, status, lxc)))
     assert api.vm_config("pve1", 100) == GuestConfig(
         {"cores": 8, "hostpci0": "mapping=gpu0,pcie=1", "memory": "65536", "numa": 1}, DIGEST
     )
     assert api.vm_status("pve1", 100) == VmStatus(100, "stopped", "stopped", "llm")
     assert api.lxc_config("pve1", 200).values["lxc"] == [["lxc.cgroup2.devices.allow", "c 195:* rwm"]]
-    assert api.node_pci("pve1") == (
-        NodePciDevice("0000:41:00.0", 0x030000, "10de", "2bb1", "10de", "204b", 14, False),
-        NodePciDevice("0000:40:01.1", 0x060400, "1022", "14ab", None, None, -1, False),
-    )
-    assert pvesh.calls[3] == [
-        "pvesh", "get", "/nodes/pve1/hardware/pci", "--pci-class-blacklist", "", "--output-format", "json",
-    ]  # fmt: skip
 
 
 def test_error_upid_node_refuses_non_upid() -> None:

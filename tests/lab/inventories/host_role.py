@@ -17,8 +17,10 @@ from typing import Any
 from pvegpu.guest_inventory import exit_on_invalid_guests
 from pvegpu.models.inventory import exit_on_invalid
 
-_lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
 _extra: dict[str, Any] = json.loads(os.environ.get("PVEGPU_LAB_EXTRA_DATA", "{}"))
+# inventory/lab.py lists the serving guests of the profile in use.
+os.environ["PVEGPU_PROFILE"] = _extra.get("node", {}).get("profile", "vm")
+_lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
 
 
 def _merged(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Proxmox's live check of a mapping against a node's hardware (PVE::Mapping::PCI::assert_valid). Pure.
+"""Test oracle: Proxmox's live mapping check (PVE::Mapping::PCI::assert_valid) against a node. Pure.
 
 Proxmox runs it at every VM start and for `GET /cluster/mapping/pci?check-node=N`
 (shared/knowledge/proxmox-pci-mapping.md §3, proxmox-api-behaviour.md §3 and §4.7). For each
@@ -18,11 +18,8 @@ devices (true of every passthrough GPU pvegpu maps): a section with `mdev 1` fai
 
 from __future__ import annotations
 
-from pvegpu.facts.pci_cfg import MapEntryError, parse_map_entry
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.pve import MapEntry, MappingCheck, PciMapping, Severity
-
-START_FAILURE_PREFIX = "PCI device mapping invalid (hardware probably changed): "
+from pvegpu.models.pve import MapEntry, MapEntryError, MappingCheck, PciMapping, Severity, parse_map_entry
 
 
 class MappingInvalidError(ValueError):
@@ -68,12 +65,6 @@ def _compare(name: str, address: str, key: str, hardware: str | None, config: st
     hardware, config = hardware.replace("0x", ""), config.replace("0x", "")
     if hardware != config:
         raise MappingInvalidError(f"'{key}' does not match for '{name}' ({hardware} != {config})")
-
-
-def start_failure(message: str) -> str:
-    """The task error of a VM start on an invalid mapping, as pvesh prints it: note the trailing space
-    (the inner message's `\\n` becomes a space when the worker's error is normalised)."""
-    return f"{START_FAILURE_PREFIX}{message} "
 
 
 def check_node(mapping: PciMapping, node: str, hw: HostHardware) -> tuple[MappingCheck, ...]:

@@ -1,0 +1,308 @@
+"""A Proxmox guest, the Q35 VM (`VM`) or the `lxc` profile's container (`CT`), through the API: the steps
+both share, written once and told apart by a `GuestKind` (which API calls, which noun in messages).
+
+- `Guest.config_or_none`: the config with its digest, None when the guest does not exist;
+- `converge`: create the guest (every key, the task waited for) when it does not exist, else PUT only the
+  keys that differ with the digest of the read they were diffed against: a concurrent edit fails with
+  Proxmox's error (`checksum mismatch` for a VM, `detected modified configuration` for a container) and
+  nothing is written. An existing guest (with its disks) is never recreated;
+- `guest_running`: started, the task waited for, then until the guest reports running;
+- `guest_parked`: for a profile that does not use it, `onboot: 0` and stopped, so the next profile gets
+  the GPUs; never deleted.
+
+Reads happen while preparing; writes are function commands run while executing, so `--dry` shows the
+change (logged) without making it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.host import Host
+from pyinfra.api.operation import operation
+from pyinfra.api.state import State
+from pyinfra.context import host
+
+from pvegpu.models.pve import GuestConfig
+from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
+from pvegpu.wait import WaitTimeoutError, wait_until
+
+
+@dataclass(frozen=True)
+class GuestKind:
+    """What tells a VM from a container in the steps they share: the noun Proxmox and pvegpu name it with
+    in messages (`VM 100`, `CT 200`), the word for it in sentences about who holds the GPUs, and its API
+    calls (PveClient methods, unbound)."""
+
+    noun: str
+    holder: str
+    config: Callable[[PveClient, str, int], GuestConfig]
+    create: Callable[[PveClient, str, int, Params], str]
+    update: Callable[[PveClient, str, int, Params, str, Sequence[str]], None]
+    start: Callable[[PveClient, str, int], str]
+    stop: Callable[[PveClient, str, int], str]
+    status: Callable[[PveClient, str, int], str]
+
+
+def _vm_status(api: PveClient, node: str, vmid: int) -> str:
+    return api.vm_status(node, vmid).status
+
+
+VM = GuestKind(
+    noun="VM",
+    holder="VM",
+    config=PveClient.vm_config,
+    create=PveClient.create_vm,
+    update=PveClient.update_vm_config,
+    start=PveClient.start_vm,
+    stop=PveClient.stop_vm,
+    status=_vm_status,
+)
+CT = GuestKind(
+    noun="CT",
+    holder="container",
+    config=PveClient.lxc_config,
+    create=PveClient.create_lxc,
+    update=PveClient.update_lxc_config,
+    start=PveClient.start_lxc,
+    stop=PveClient.stop_lxc,
+    status=PveClient.lxc_status,
+)
+
+
+@dataclass(frozen=True)
+class Guest:
+    """One guest: guest `vmid` of `kind` on `node`, reached through `api`."""
+
+    kind: GuestKind
+    api: PveClient
+    node: str
+    vmid: int
+
+    @property
+    def label(self) -> str:
+        """How messages name it: `VM 100`, `CT 200`."""
+        return f"{self.kind.noun} {self.vmid}"
+
+    def config_or_none(self) -> GuestConfig | None:
+        """Its config, None when Proxmox says its config file does not exist."""
+        try:
+            return self.kind.config(self.api, self.node, self.vmid)
+        except PveError as error:
+            if error.message.startswith("Configuration file ") and error.message.endswith("does not exist"):
+                return None
+            raise
+
+    def status(self) -> str:
+        """`running` or `stopped`."""
+        return self.kind.status(self.api, self.node, self.vmid)
+
+
+class ConfigChange(Protocol):
+    """Keys to set and keys to delete (plan/vm.py's VmChange, plan/lxc.py's ContainerChange)."""
+
+    @property
+    def set(self) -> dict[str, str]: ...
+    @property
+    def delete(self) -> tuple[str, ...]: ...
+    @property
+    def changed(self) -> bool: ...
+
+
+def converge(
+    guest: Guest,
+    *,
+    create: Mapping[str, str],
+    diff: Callable[[Mapping[str, object]], ConfigChange],
+    unchanged: str,
+    timeout_s: float,
+) -> Generator[FunctionCommand, None, None]:
+    """Yield what makes `guest` hold its config: when absent, its creation with `create` (every key); else
+    the PUT of `diff(current values)` with the read's digest, each change logged. Noop with the sentence
+    `unchanged` when nothing differs. `diff` may raise OperationError (a refusal)."""
+    current = guest.config_or_none()
+    if current is None:
+        shown = " ".join(f"{key}={create[key]}" for key in sorted(create))
+        logger.info(f"{host.print_prefix}{guest.label}: create {shown}")
+        yield FunctionCommand(_create, (guest, create, timeout_s), {})
+        return
+    change = diff(current.values)
+    if not change.changed:
+        host.noop(unchanged)
+        return
+    for key, value in sorted(change.set.items()):
+        logger.info(f"{host.print_prefix}{guest.label} {key}: {current.values.get(key)} -> {value}")
+    for key in change.delete:
+        logger.info(f"{host.print_prefix}{guest.label} {key}: delete")
+    yield FunctionCommand(_update, (guest, change, current.digest), {})
+
+
+def _create(guest: Guest, params: Mapping[str, str], timeout_s: float) -> None:
+    try:
+        guest.api.wait_task(guest.kind.create(guest.api, guest.node, guest.vmid, params), timeout_s)
+    except PveError as error:
+        raise OperationError(f"{guest.label} not created: {error.message}") from None
+
+
+def _update(guest: Guest, change: ConfigChange, digest: str) -> None:
+    try:
+        guest.kind.update(guest.api, guest.node, guest.vmid, change.set, digest, change.delete)
+    except PveError as error:
+        raise OperationError(
+            f"{guest.label} config not updated, nothing overwritten: {error.message}"
+        ) from None
+
+
+@operation(is_idempotent=True)
+def guest_running(
+    *,
+    kind: GuestKind,
+    api: PveClient,
+    node: str,
+    vmid: int,
+    timeout_s: float,
+    unbound: Sequence[str] = (),
+    recheck: Callable[[Host], Sequence[str]] | None = None,
+) -> Generator[FunctionCommand, None, None]:
+    """Start guest `vmid` unless it runs; wait for the start task (its failure carries Proxmox's message,
+    e.g. `PCI device mapping invalid (hardware probably changed): ...`) and until it reports running.
+
+    `unbound` lists the passed GPUs' functions not bound to vfio-pci on the node (a VM's): starting is
+    refused while any is (deploy/host.py binds them). With `recheck` (host -> unbound functions, read again
+    when the start executes), the refusal waits until then: an earlier operation of the same run (the host
+    role's reboot, deploy/site.py) may bind them.
+    """
+    guest = Guest(kind, api, node, vmid)
+    if guest.config_or_none() is not None and guest.status() == "running":
+        host.noop(f"{guest.label} is running on {node}")
+        return
+    if unbound and recheck is None:
+        raise OperationError(_refusal(guest, unbound))
+    logger.info(f"{host.print_prefix}{guest.label}: start on {node}")
+    if unbound and recheck is not None:
+        check = recheck
+
+        # pyinfra passes (state, host) to a FunctionCommand only when the parameters have exactly these names.
+        def start_when_bound(state: State, host: Host) -> None:
+            del state
+            still = check(host)
+            if still:
+                raise OperationError(_refusal(guest, still))
+            _start(guest, timeout_s)
+
+        yield FunctionCommand(start_when_bound, (), {})
+        return
+    yield FunctionCommand(_start, (guest, timeout_s), {})
+
+
+def _refusal(guest: Guest, unbound: Sequence[str]) -> str:
+    return (
+        f"refusing to start {guest.label}: vfio binding not in effect on {guest.node} for "
+        f"{', '.join(unbound)} (run deploy/host.py)"
+    )
+
+
+def _start(guest: Guest, timeout_s: float) -> None:
+    try:
+        guest.api.wait_task(guest.kind.start(guest.api, guest.node, guest.vmid), timeout_s)
+    except TaskFailedError as error:
+        raise OperationError(f"{guest.label} did not start: {error.message}") from None
+    except PveError as error:
+        raise OperationError(f"{guest.label} not started: {error.message}") from None
+    _wait_status(guest, "running", timeout_s, "the start task ended OK, but it is not running")
+
+
+def _stop(guest: Guest, timeout_s: float) -> None:
+    try:
+        guest.api.wait_task(guest.kind.stop(guest.api, guest.node, guest.vmid), timeout_s)
+    except PveError as error:
+        raise OperationError(f"{guest.label} not stopped: {error.message}") from None
+    _wait_status(guest, "stopped", timeout_s, "the stop task ended OK, but it runs")
+
+
+def _wait_status(guest: Guest, wanted: str, timeout_s: float, what: str) -> None:
+    """Poll until the guest's status is `wanted`; else OperationError `<label>: <what> after N s`."""
+
+    def pending() -> str | None:
+        status = guest.status()
+        return None if status == wanted else status
+
+    try:
+        wait_until(pending, timeout_s, f"{guest.label}: {what}")
+    except WaitTimeoutError as timeout:
+        raise OperationError(str(timeout)) from None
+
+
+def maps_gpus(values: Mapping[str, object], prefix: str) -> bool:
+    """Whether a VM config has a `hostpciN` whose `mapping=` is one of pvegpu's (`<prefix>N`)."""
+    mapping = re.compile(rf"(?:^|,)mapping={re.escape(prefix)}\d+(?:,|$)")
+    return any(
+        re.fullmatch(r"hostpci\d+", key) is not None and mapping.search(str(value)) is not None
+        for key, value in values.items()
+    )
+
+
+@operation()
+def guest_parked(
+    *,
+    kind: GuestKind,
+    api: PveClient,
+    node: str,
+    vmid: int,
+    profile: str,
+    allow_stop: bool,
+    timeout_s: float,
+    prefix: str | None = None,
+) -> Generator[FunctionCommand, None, None]:
+    """For `profile`, which does not use guest `vmid`: set `onboot: 0` (PUT with the read's digest), then
+    stop it and wait until it is stopped. It is never deleted: its disks are kept.
+
+    With `prefix` (a VM), only a guest whose config maps pvegpu's `<prefix>N` PCI mappings is pvegpu's:
+    any other is left alone. Noop when the guest does not exist, is not pvegpu's, or is stopped with
+    `onboot: 0`. Stopping a running guest takes the GPUs away from it, as a reboot would: with `allow_stop`
+    false (`pve_host.allow_reboot`) nothing is changed; a warning and the noop say what would be done.
+    """
+    guest = Guest(kind, api, node, vmid)
+    config = guest.config_or_none()
+    if config is None:
+        host.noop(f"{guest.label} does not exist on {node}: no {kind.holder} holds the GPUs")
+        return
+    if prefix is not None and not maps_gpus(config.values, prefix):
+        host.noop(
+            f"{guest.label} on {node} maps none of pvegpu's {prefix}N mappings: not pvegpu's, left alone"
+        )
+        return
+    running = guest.status() == "running"
+    onboot = str(config.values.get("onboot", "0")) == "1"
+    if running and not allow_stop:
+        message = (
+            f"profile {profile}: {guest.label} is running on {node} with the GPUs; would stop it and "
+            "set onboot 0 (pve_host.allow_reboot is false: not stopping it)"
+        )
+        logger.warning(f"{host.print_prefix}{message}")
+        host.noop(message)
+        return
+    if not running and not onboot:
+        host.noop(f"{guest.label} on {node} is stopped and not started at boot (onboot 0)")
+        return
+    if onboot:
+        logger.info(f"{host.print_prefix}{guest.label}: onboot 1 -> 0 (profile {profile})")
+        yield FunctionCommand(_no_onboot, (guest, config.digest), {})
+    if running:
+        logger.info(f"{host.print_prefix}{guest.label}: stop on {node} (profile {profile})")
+        yield FunctionCommand(_stop, (guest, timeout_s), {})
+
+
+def _no_onboot(guest: Guest, digest: str) -> None:
+    try:
+        guest.kind.update(guest.api, guest.node, guest.vmid, {"onboot": 0}, digest, ())
+    except PveError as error:
+        raise OperationError(
+            f"{guest.label} onboot not cleared, nothing overwritten: {error.message}"
+        ) from None

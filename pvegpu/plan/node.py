@@ -1,0 +1,131 @@
+"""One plan per host and run: `plan_node(specs, groups, observed) -> NodePlan`. Pure.
+
+Everything the roles need to decide, derived once from the host's validated specs, its inventory groups and
+what was observed (the PCI hardware; on a Proxmox node also the CPU vendor and kernel release): the GPU
+topology, the profile's GPU functions, the PCI mapping ids, the vfio and MMIO plans, and the profile's steps
+(what to park, what waits and why). Roles read the plan (`pvegpu.host_plan.plan_of(host)`) and never derive
+any of it again. What cannot be planned is kept as `problem` (a `path: message` sentence naming the inventory
+field) and raised by the first role that needs the missing part, before any host is changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pvegpu.models.boot import CpuKernel
+from pvegpu.models.groups import PVE_NODES
+from pvegpu.models.hardware import HostHardware
+from pvegpu.models.specs import HostSpecs
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.mapping import DEFAULT_PREFIX, mapping_id
+from pvegpu.plan.mmio import MmioWindow, passed_functions, plan_mmio
+from pvegpu.plan.profile import (
+    HostProfile,
+    NodeSteps,
+    ServingSteps,
+    held_by_vfio,
+    host_profile,
+    node_steps,
+    profile_functions,
+    serving_steps,
+)
+from pvegpu.plan.topology import Topology, plan_topology
+from pvegpu.plan.vfio import VfioPlan, plan_vfio
+
+
+@dataclass(frozen=True)
+class NodeObserved:
+    """What a plan is computed from: the PCI hardware; on a Proxmox node the CPU vendor (None: not x86)
+    and the running kernel's (major, minor)."""
+
+    hardware: HostHardware
+    cpu_kernel: CpuKernel | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One host's plan (module docstring). On a host outside `pve_nodes`, `host`, `vfio` and `steps` are
+    None and `functions` is empty."""
+
+    name: str
+    specs: HostSpecs
+    groups: frozenset[str]
+    hardware: HostHardware
+    topology: Topology
+    mapping_prefix: str
+    mapping_ids: tuple[str, ...]
+    functions: tuple[str, ...]
+    host: HostProfile | None
+    vfio: VfioPlan | None
+    mmio: MmioWindow | None
+    steps: NodeSteps | None
+    serving: ServingSteps | None
+    problem: str | None
+
+    @property
+    def profile(self) -> str:
+        return self.specs.node.profile
+
+    @property
+    def is_pve_node(self) -> bool:
+        return PVE_NODES in self.groups
+
+    def passable_problem(self) -> str | None:
+        """Why the GPUs cannot be passed to a VM (every refused card and topology problem), or None."""
+        if self.topology.ok:
+            return None
+        gpus = self.topology.gpus
+        return "; ".join([*self.topology.problems, *(f"{g.name}: {g.reason}" for g in gpus if g.reason)])
+
+
+def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: NodeObserved) -> NodePlan:
+    """The plan of host `name` (module docstring). Never raises for what the host is: a selector that
+    matches nothing, a group that cannot be passed or an unknown CPU vendor becomes `problem`."""
+    node, hardware = specs.node, observed.hardware
+    topology = plan_topology(hardware, node.gpus)
+    prefix = DEFAULT_PREFIX if specs.vm is None else specs.vm.mapping_prefix
+    functions: tuple[str, ...] = ()
+    host: HostProfile | None = None
+    vfio: VfioPlan | None = None
+    problem: str | None = None
+    if PVE_NODES in groups:
+        cpu_kernel = observed.cpu_kernel
+        if cpu_kernel is None:
+            raise ValueError(f"plan_node: Proxmox node {name} is planned without its CPU and kernel")
+        try:
+            host = host_profile(node.profile, cpu_kernel.vendor, specs.host.extra_cmdline)
+            functions = profile_functions(node.profile, hardware, topology, node.gpus)
+            if host.vfio:
+                vfio = plan_vfio(hardware, functions, cpu_kernel.release)
+        except PlanError as error:
+            problem = str(error)
+    waiting = held_by_vfio(node.profile, hardware, functions, specs.host.allow_reboot) if functions else None
+    return NodePlan(
+        name=name,
+        specs=specs,
+        groups=groups,
+        hardware=hardware,
+        topology=topology,
+        mapping_prefix=prefix,
+        mapping_ids=tuple(mapping_id(prefix, index) for index in range(len(topology.gpus))),
+        functions=functions,
+        host=host,
+        vfio=vfio,
+        mmio=_mmio(specs, hardware, topology),
+        steps=node_steps(node.profile, has_container=specs.lxc is not None, waiting=waiting)
+        if PVE_NODES in groups
+        else None,
+        serving=serving_steps(groups, waiting),
+        problem=problem,
+    )
+
+
+def _mmio(specs: HostSpecs, hardware: HostHardware, topology: Topology) -> MmioWindow | None:
+    """The VM's 64-bit MMIO window; None without `vm` data or a 64-bit prefetchable BAR (OVMF's default
+    aperture is enough then)."""
+    if specs.vm is None:
+        return None
+    try:
+        return plan_mmio(passed_functions(hardware, topology.gpus), specs.vm.memory)
+    except ValueError:
+        return None

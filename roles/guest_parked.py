@@ -1,0 +1,57 @@
+"""guest_parked_role: a managed guest the profile in use does not run, stopped and not started at boot
+(`onboot: 0`) so that the profile in use gets the GPUs: the Q35 VM on `lxc` / `baremetal` (only while its
+config maps pvegpu's GPUs: another VM is left alone), the container on `vm` / `baremetal`. Never deleted:
+back on its own profile, `q35_vm_role` / `lxc_gpu` set `onboot: 1` again and start it.
+
+Stopping a running guest takes the GPUs away from it, as a reboot would: only with
+`pve_host.allow_reboot`; without it nothing is stopped and the run says what it would do.
+"""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.context import host
+
+from pvegpu.facts.pve import pve_client
+from pvegpu.host_plan import plan_of
+from pvegpu.models.lxc import LXC_KEY
+from pvegpu.models.vm import VM_KEY
+from pvegpu.operations.pve_guest import CT, VM, GuestKind, guest_parked
+
+# Each kind's deploy name, and the host data key that declares its managed guest.
+_PARKING: dict[GuestKind, tuple[str, str]] = {
+    VM: ("Stop the Q35 VM for a host-driver profile", VM_KEY),
+    CT: ("Stop the GPU container for another profile", LXC_KEY),
+}
+
+
+def guest_parked_role(kind: GuestKind) -> None:
+    """Park the host's managed guest of `kind` (`VM` or `CT`, pvegpu/operations/pve_guest.py). A host
+    without its data (`vm` / `lxc`) has no such guest: nothing to do, and the run says so."""
+    title, key = _PARKING[kind]
+
+    @deploy(title)
+    def parked() -> None:
+        specs = plan_of(host).specs
+        vm = specs.vm if kind is VM else None
+        spec = vm if kind is VM else specs.lxc
+        if spec is None:
+            logger.info(
+                f"{host.print_prefix}no `{key}` data: no managed {kind.holder} to stop for profile "
+                f"{specs.node.profile}"
+            )
+            return
+        guest_parked(
+            name=f"Stop the {kind.holder} and keep it from starting at boot",
+            kind=kind,
+            api=pve_client(host),
+            node=specs.node.name,
+            vmid=spec.vmid,
+            prefix=None if vm is None else vm.mapping_prefix,
+            profile=specs.node.profile,
+            allow_stop=specs.host.allow_reboot,
+            timeout_s=specs.pve.task_timeout_s,
+        )
+
+    parked()

@@ -1,0 +1,57 @@
+"""site: every step of a host's profile, in the order its plan gives (pvegpu/plan/profile.py says what each
+profile owns and why the order is so).
+
+`node_site` (Proxmox nodes): the old profile's guests let go of the GPUs and the host driver's boot units go
+before the host rebinds the GPUs; the host; then `vm`: the PCI mappings and the VM; `lxc` / `baremetal`: the
+host driver and, on `lxc`, the container — unless the GPUs stay on vfio-pci until a reboot that is not
+allowed, which the run then says. `serving` (serving hosts): the driver where the host needs one, then SGLang.
+"""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.context import host
+
+from pvegpu.host_plan import plan_of
+from pvegpu.operations.pve_guest import CT, VM
+from roles.guest_parked import guest_parked_role
+from roles.host_driver import host_driver_parked_role
+from roles.lxc_gpu import lxc_gpu
+from roles.nvidia_driver import nvidia_driver
+from roles.pci_mapping import pci_mapping
+from roles.pve_host import pve_host
+from roles.q35_vm import q35_vm_role
+from roles.sglang import sglang
+
+
+@deploy("Converge the node for its profile")
+def node_site() -> None:
+    steps = plan_of(host).steps
+    assert steps is not None  # planned for every host in pve_nodes, the only group this runs on
+    if steps.park_container:
+        guest_parked_role(CT)
+    if steps.park_vm:
+        guest_parked_role(VM)
+    if steps.park_host_driver:
+        host_driver_parked_role()
+    pve_host()
+    if steps.vm:
+        pci_mapping()
+        q35_vm_role()
+    if steps.waiting is not None:
+        logger.warning(f"{host.print_prefix}{steps.waiting}")
+    if steps.host_driver:
+        nvidia_driver(placement="pve-host")
+    if steps.container:
+        lxc_gpu()
+
+
+@deploy("Serve the model")
+def serving() -> None:
+    steps = plan_of(host).serving
+    assert steps is not None  # planned for every host in a serving group, the only groups this runs on
+    if steps.driver is not None:
+        nvidia_driver(placement=steps.driver)
+    if steps.sglang:
+        sglang()

@@ -1,0 +1,67 @@
+"""operations.files.write_file: the exact atomic write command, and what it does in a real shell."""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import subprocess
+from pathlib import Path
+
+from pvegpu.operations.files import write_file
+
+
+def test_write_file_command_stages_checks_and_renames() -> None:
+    command = write_file("/etc/default/grub.d/pvegpu.cfg", 'A="1"\n', check="sh -n").get_raw_value()
+    temp = "/etc/default/grub.d/.pvegpu.cfg.pvegpu-new"
+    assert command == (
+        f"{{ printf %s 'A=\"1\"\n' > {temp} && chmod 0644 {temp} && chown root:root {temp} && sync {temp} && "
+        "printf '%s  %s\n' 4cc760ca1d1acf2027db2e821fcda46fccbd680296696ecf877ab0a307a7db15 "
+        f"{temp} | sha256sum --check --status && sh -n {temp} && mv -f {temp} /etc/default/grub.d/pvegpu.cfg "
+        f"&& sync /etc/default/grub.d ; }} || {{ rm -f {temp} ; "
+        "echo 'pvegpu: could not write /etc/default/grub.d/pvegpu.cfg (left unchanged)' >&2 ; exit 1 ; }"
+    )
+
+
+def _run(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", command], check=False, capture_output=True, text=True)
+
+
+def _owner() -> str:
+    return f"{pwd.getpwuid(os.getuid()).pw_name}:{grp.getgrgid(os.getgid()).gr_name}"
+
+
+def test_write_file_replaces_the_file_with_mode_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "pvegpu.cfg"
+    target.write_text("old\n")
+    target.chmod(0o600)
+
+    result = _run(write_file(str(target), "it's new\n", mode="0644", owner=_owner()).get_raw_value())
+
+    assert (result.returncode, result.stderr) == (0, "")
+    assert target.read_text() == "it's new\n"
+    assert target.stat().st_mode & 0o777 == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pvegpu.cfg"]
+
+
+def test_error_a_failing_check_leaves_the_old_file_and_names_the_path(tmp_path: Path) -> None:
+    target = tmp_path / "pvegpu.cfg"
+    target.write_text('GRUB_CMDLINE_LINUX="ok"\n')
+
+    command = write_file(str(target), 'GRUB_CMDLINE_LINUX="cut\n', owner=_owner(), check="sh -n")
+    result = _run(command.get_raw_value())
+
+    assert result.returncode == 1
+    assert result.stderr.endswith(f"pvegpu: could not write {target} (left unchanged)\n")
+    assert target.read_text() == 'GRUB_CMDLINE_LINUX="ok"\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pvegpu.cfg"]
+
+
+def test_error_a_missing_directory_names_the_path(tmp_path: Path) -> None:
+    target = tmp_path / "absent" / "cmdline"
+
+    result = _run(write_file(str(target), "root=x\n", owner=_owner()).get_raw_value())
+
+    assert result.returncode == 1
+    assert result.stderr.endswith(f"pvegpu: could not write {target} (left unchanged)\n")
+    assert not target.parent.exists()

@@ -1,0 +1,113 @@
+"""plan.node: one plan per host (specs, topology, the profile's functions, mapping ids, vfio/MMIO plans and
+the profile's steps), and plan.profile's steps by profile and group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pvegpu.models.boot import CpuKernel
+from pvegpu.models.groups import BAREMETAL_HOSTS, LXC_GUESTS, PVE_NODES, VM_GUESTS
+from pvegpu.models.specs import host_specs
+from pvegpu.plan.node import NodeObserved, plan_node
+from pvegpu.plan.profile import NodeSteps, ServingSteps, node_steps, serving_steps
+from tests.unit.hostdata import RTX, two_cards
+
+BOTH = ("0000:41:00.0", "0000:41:00.1", "0000:51:00.0", "0000:51:00.1")
+NODE = {"name": "pve1", "gpus": {"ids": [RTX], "count": 2}}
+VM = {"vmid": 100, "name": "llm", "cores": 4, "memory": 8192}
+AMD_6_8 = CpuKernel("amd", (6, 8))
+
+
+def data(profile: str = "vm", **more: Any) -> dict[str, Any]:
+    return {"node": {**NODE, "profile": profile}, **more}
+
+
+def test_create_vm_node_plan_holds_topology_functions_ids_vfio_mmio_and_steps() -> None:
+    plan = plan_node(
+        "pve1", host_specs(data(vm=VM)), frozenset({PVE_NODES}), NodeObserved(two_cards("vfio-pci"), AMD_6_8)
+    )
+    assert [gpu.name for gpu in plan.topology.gpus] == ["gpu0", "gpu1"]
+    assert plan.functions == BOTH
+    assert plan.mapping_ids == ("gpu0", "gpu1")
+    assert plan.host is not None
+    assert plan.host.tokens == ("amd_iommu=on", "iommu=pt")
+    assert plan.vfio is not None
+    assert (plan.vfio.functions, plan.vfio.ids) == (BOTH, ("10de:22e8", RTX))
+    assert plan.steps == NodeSteps(
+        park_container=False,
+        park_vm=False,
+        park_host_driver=True,
+        vm=True,
+        host_driver=False,
+        container=False,
+        waiting=None,
+    )
+    assert (plan.serving, plan.problem, plan.passable_problem()) == (None, None, None)
+
+
+def test_noop_serving_host_is_planned_from_its_hardware_alone() -> None:
+    plan = plan_node("llm", host_specs(data()), frozenset({VM_GUESTS}), NodeObserved(two_cards()))
+    assert (plan.host, plan.vfio, plan.steps, plan.functions) == (None, None, None, ())
+    assert plan.serving == ServingSteps(driver="guest", sglang=True)
+    assert len(plan.topology.gpus) == 2
+
+
+def test_error_a_selector_matching_nothing_is_the_plans_problem_naming_the_field() -> None:
+    specs = host_specs({"node": {"name": "pve1", "gpus": {"ids": ["10de:ffff"]}}})
+    plan = plan_node("pve1", specs, frozenset({PVE_NODES}), NodeObserved(two_cards(), AMD_6_8))
+    assert plan.problem == "node.gpus.ids: 10de:ffff matches no display function on this host"
+    assert plan.passable_problem() == "no display function has id 10de:ffff"
+
+
+def test_error_a_proxmox_node_is_never_planned_without_its_cpu_and_kernel() -> None:
+    with pytest.raises(ValueError, match="Proxmox node pve1 is planned without its CPU and kernel"):
+        plan_node("pve1", host_specs(data()), frozenset({PVE_NODES}), NodeObserved(two_cards()))
+
+
+def test_held_switch_waits_and_says_why() -> None:
+    specs = host_specs(data("baremetal", pve_host={"allow_reboot": False}))
+    groups = frozenset({PVE_NODES, BAREMETAL_HOSTS})
+    plan = plan_node("pve1", specs, groups, NodeObserved(two_cards("vfio-pci"), AMD_6_8))
+    waiting = (
+        f"profile baremetal: {', '.join(BOTH)} still bound to vfio-pci until the host reboots "
+        "(pve_host.allow_reboot is false): not installing the host driver or serving yet"
+    )
+    assert plan.steps == NodeSteps(
+        park_container=False,
+        park_vm=True,
+        park_host_driver=False,
+        vm=False,
+        host_driver=False,
+        container=False,
+        waiting=waiting,
+    )
+    assert plan.serving == ServingSteps(driver=None, sglang=False)
+
+
+@pytest.mark.parametrize(
+    ("profile", "has_container", "expected"),
+    [
+        ("vm", True, NodeSteps(True, False, True, True, False, False, None)),
+        ("lxc", True, NodeSteps(False, True, True, False, True, True, None)),
+        ("baremetal", False, NodeSteps(False, True, False, False, True, False, None)),
+    ],
+)
+def test_node_steps_by_profile(profile: str, has_container: bool, expected: NodeSteps) -> None:
+    assert node_steps(profile, has_container=has_container, waiting=None) == expected
+
+
+@pytest.mark.parametrize(
+    ("groups", "expected"),
+    [
+        ({VM_GUESTS}, ServingSteps("guest", True)),
+        ({LXC_GUESTS}, ServingSteps("container", True)),
+        ({BAREMETAL_HOSTS}, ServingSteps("guest", True)),
+        ({BAREMETAL_HOSTS, PVE_NODES}, ServingSteps(None, True)),
+        ({PVE_NODES}, None),
+        (set(), None),
+    ],
+)
+def test_serving_steps_by_group(groups: set[str], expected: ServingSteps | None) -> None:
+    assert serving_steps(frozenset(groups), None) == expected

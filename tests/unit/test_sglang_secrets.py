@@ -1,0 +1,135 @@
+"""SGLang's keys: the host-side file rules (observed with `stat`/`grep -c`, never read), and the script that
+turns systemd credentials into SGLang's `--config` YAML."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab.standins.sglang_serve import merge_config
+from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
+from pvegpu.models.secret_file import SecretFile, SecretFileKind
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.operations.render import render
+from pvegpu.plan.secret_files import secret_file_problems
+from pvegpu.plan.sglang_service import key_file_problems
+
+KEY = "k3y-Not/Printed+="
+F = SecretFileKind.FILE
+
+
+def observe(tmp_path: Path, files: dict[str, bytes | None], mode: int = 0o600) -> dict[str, SecretFile]:
+    """The SecretFiles fact's real command run here on `files` (None: absent), parsed."""
+    paths = []
+    for name, content in files.items():
+        path = tmp_path / name
+        if content is not None:
+            path.write_bytes(content)
+            path.chmod(mode)
+        paths.append(str(path))
+    result = subprocess.run(
+        ["sh", "-c", SecretFiles().command(paths)], capture_output=True, text=True, check=True
+    )
+    assert KEY not in result.stdout + result.stderr
+    return parse_secret_files(result.stdout.splitlines())
+
+
+def test_fact_reads_shape_not_content(tmp_path: Path) -> None:
+    uid = os.getuid()
+    files = observe(tmp_path, {"good": f"{KEY}\n".encode(), "gone": None, "it's two": b"a\nb"})
+    assert files == {
+        f"{tmp_path}/good": SecretFile(f"{tmp_path}/good", F, uid, 0o600, len(KEY) + 1, 1, 0, 0, 0),
+        f"{tmp_path}/gone": SecretFile(f"{tmp_path}/gone", SecretFileKind.MISSING),
+        f"{tmp_path}/it's two": SecretFile(f"{tmp_path}/it's two", F, uid, 0o600, 3, 2, 0, 0, 0),
+    }
+    (tmp_path / "link").symlink_to(tmp_path / "good")
+    assert observe(tmp_path, {"link": None})[f"{tmp_path}/link"].kind is SecretFileKind.SYMLINK
+    assert observe(tmp_path, {"": None})[str(tmp_path)].kind is SecretFileKind.SPECIAL
+
+
+def test_fact_parse_error_names_the_line() -> None:
+    with pytest.raises(ValueError, match=r"secret file state: unexpected line 'file 0 600\\t/k'"):
+        parse_secret_files(["file 0 600\t/k"])
+
+
+def file(**fields: int) -> SecretFile:
+    values = {
+        "uid": 0,
+        "mode": 0o600,
+        "size": 5,
+        "lines": 1,
+        "empty_lines": 0,
+        "odd_lines": 0,
+        "dash_lines": 0,
+    }
+    return SecretFile("/k", F, **{**values, **fields})
+
+
+@pytest.mark.parametrize(
+    ("observed", "problems"),
+    [
+        (file(), []),
+        (file(mode=0o400), []),
+        (SecretFile("/k", SecretFileKind.MISSING), ["f: /k does not exist on the host"]),
+        (SecretFile("/k", SecretFileKind.SYMLINK), ["f: /k is a symbolic link; it must be a regular file"]),
+        (SecretFile("/k", SecretFileKind.SPECIAL), ["f: /k is not a regular file"]),
+        (file(uid=1000), ["f: /k is owned by uid 1000; it must be owned by root (chown root:root)"]),
+        (file(mode=0o644),
+         ["f: /k has mode 644: group or others may read it; it must be 0600 or stricter (chmod 600)"]),
+        (file(size=0, lines=0),
+         ["f: /k is empty: it must hold the secret (an empty API key lets every client in)"]),
+        (file(size=1, empty_lines=1),
+         ["f: /k is empty: it must hold the secret (an empty API key lets every client in)"]),
+        (file(lines=2), ["f: /k holds 2 lines; it must hold one line: the secret"]),
+        (file(odd_lines=1),
+         ["f: /k holds characters other than visible ASCII (a space, tab, carriage return, control or "
+          "non-ASCII character)"]),
+        (file(dash_lines=1), ["f: /k starts with '-', which SGLang's option parser would read as an option"]),
+        (file(uid=33, mode=0o664, size=0, lines=0),
+         ["f: /k is owned by uid 33; it must be owned by root (chown root:root)",
+          "f: /k has mode 664: group or others may read it; it must be 0600 or stricter (chmod 600)",
+          "f: /k is empty: it must hold the secret (an empty API key lets every client in)"]),
+    ],
+)  # fmt: skip
+def test_error_secret_file_rules(observed: SecretFile, problems: list[str]) -> None:
+    assert list(secret_file_problems("f", observed, for_sglang=True)) == problems
+
+
+def test_dash_only_matters_to_sglang_and_every_key_file_is_checked() -> None:
+    assert secret_file_problems("f", file(dash_lines=1), for_sglang=False) == ()
+    spec = SglangSpec(
+        api_key_file="/a", admin_api_key_file="/b", model_repo="o/m", hf_token_file="/c", host="0.0.0.0"
+    )
+    observed = {"/a": file(), "/b": SecretFile("/b", SecretFileKind.MISSING), "/c": file(mode=0o640)}
+    observed["/c"] = SecretFile("/c", F, 0, 0o640, 5, 1, 0, 0, 1)
+    assert key_file_problems(spec, observed) == (
+        "sglang.admin_api_key_file: /b does not exist on the host",
+        "sglang.hf_token_file: /c has mode 640: group or others may read it; it must be 0600 or stricter "
+        "(chmod 600)",
+    )
+
+
+def test_config_script_writes_the_yaml_sglang_reads(tmp_path: Path) -> None:
+    """The rendered script, run as systemd runs it: the keys come back through SGLang's `--config` merge
+    (the lab stand-in's copy of it) as `--api-key KEY`, and the file is 0600."""
+    credentials, runtime = tmp_path / "credentials", tmp_path / "run"
+    credentials.mkdir()
+    runtime.mkdir()
+    (credentials / "api-key").write_text(KEY + "\n")
+    (credentials / "admin-api-key").write_text('adm"in\\')
+    config = runtime / "secrets.yaml"
+    script = render("sglang/sglang-secrets.py.j2", user="sglang", config=str(config),
+                    options=["api-key", "admin-api-key"])  # fmt: skip
+    assert KEY not in script
+    subprocess.run(
+        ["python3", "-c", script], env={**os.environ, "CREDENTIALS_DIRECTORY": str(credentials)}, check=True
+    )
+    assert config.read_text() == f'api-key: {json.dumps(KEY)}\nadmin-api-key: "adm\\"in\\\\"\n'
+    assert config.stat().st_mode & 0o777 == 0o600
+    assert merge_config(["--model-path", "/m", "--config", str(config), "--port", "1"]) == [
+        "--api-key", KEY, "--admin-api-key", 'adm"in\\', "--model-path", "/m", "--port", "1",
+    ]  # fmt: skip

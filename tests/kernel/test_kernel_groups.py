@@ -4,8 +4,8 @@ Each case boots lab/kernel/boot.sh (Debian's kernel, QEMU TCG q35, emulated IOMM
 `lab.kernel.qemu.realize` builds them) and compares the groups the kernel reports with those `lab.grouping`
 computes for the same realized description: same functions at the same places (matched by position, so bus
 numbering cannot hide a difference), same partition, same group numbers. Nothing is hard-coded here: the
-kernel is the reference. Boots run in parallel, one per CPU: 7 boots of ~5-7 s, ~45 s on 2 quiet cores
-(2-4 min while other work keeps both cores busy).
+kernel is the reference. Boots run in parallel, one per CPU: 7 boots of ~5-7 s, ~30-45 s on 2 quiet cores
+(1-4 min while other work keeps both cores busy).
 """
 
 from __future__ import annotations

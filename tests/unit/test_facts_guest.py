@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.nvidia import parse_apt_source, parse_nvidia_smi, parse_version_file
 from pvegpu.facts.sglang import Probe, VenvState, parse_probe, parse_venv
+from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
 
 # Open flavour: the line shape quoted from open-gpu-kernel-modules #543 (knowledge file, section 4.1); the
 # build details after the version are synthesized. Proprietary: the documented "NVIDIA UNIX x86_64 Kernel

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import pytest
-from pvegpu.models.nvidia import LoadedModule
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
@@ -13,6 +12,7 @@ from pvegpu.facts.lxc_devices import ContainerDriverVersion, parse_nvml_version
 from pvegpu.facts.nvidia import CharDevices, NvidiaModule, char_devices_command
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.host_driver import HostDriverState, UnitState
+from pvegpu.models.nvidia import LoadedModule
 from pvegpu.operations.host_driver import host_driver_parked
 from pvegpu.operations.nvidia import device_nodes_present, driver_module
 from pvegpu.operations.render import render

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pvegpu.models.nvidia import LoadedModule, NvidiaGpu
-
 from pvegpu.facts.hardware import parse_hardware
 from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
 from pvegpu.models.hardware import Bar, Link
+from pvegpu.models.nvidia import LoadedModule, NvidiaGpu
 from pvegpu.plan.topology import Verdict, plan_vendor_topology
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,7 +10,6 @@ allowed, which the run then says. `serving` (serving hosts): the driver where th
 from __future__ import annotations
 
 from pyinfra import logger
-from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from pvegpu.host_plan import plan_of
@@ -25,8 +24,8 @@ from roles.q35_vm import q35_vm_role
 from roles.sglang import sglang
 
 
-@deploy("Converge the node for its profile")
 def node_site() -> None:
+    """The node's steps (module docstring); each role names its own operations, as when run alone."""
     steps = plan_of(host).steps
     assert steps is not None  # planned for every host in pve_nodes, the only group this runs on
     if steps.park_container:
@@ -47,8 +46,8 @@ def node_site() -> None:
         lxc_gpu()
 
 
-@deploy("Serve the model")
 def serving() -> None:
+    """The serving host's driver and SGLang (module docstring)."""
     steps = plan_of(host).serving
     assert steps is not None  # planned for every host in a serving group, the only groups this runs on
     if steps.driver is not None:

@@ -19,7 +19,7 @@ GRAND_TOTAL = re.compile(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$",
 
 def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) -> None:
     # Its own node name and run directory: a demo the user left running is neither used nor stopped.
-    name = f"demo{os.getpid() % 10000}"
+    name = f"dm{os.getpid() % 10000}"  # lab host names: at most 11 characters, with `v100`
     env = {**os.environ, "PVEGPU_LAB_RUN": str(lab_run_dir), "PVEGPU_LAB_NODE": name}
     try:
         done = subprocess.run(

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -408,23 +405,6 @@ def test_driver_option_binds_the_cards_functions(
     assert [manifest["devices"][a]["driver"] for a in ("0000:41:00.0", "0000:41:00.1")] == [gpu, audio]
     assert bound("0000:01:00.0") == "mlx5_core"  # other devices keep their drivers
     assert manifest["driver"] == driver
-
-
-def test_write_tree_is_fast(tmp_path: Path) -> None:
-    """The lab writes a tree per host: the reference box (~1900 files and links) in under 0.2 s, best of 3.
-    Measured on tmpfs where there is one, so that it is the generator timed, not a busy disk's metadata
-    journal (ext4: ~0.07 s idle, several times that while other jobs write)."""
-    base = Path(tempfile.mkdtemp(dir="/dev/shm")) if Path("/dev/shm").is_dir() else tmp_path
-    try:
-        times = []
-        for n in range(3):
-            started = time.perf_counter()
-            fakesys.write_tree(base / str(n), "reference")
-            times.append(time.perf_counter() - started)
-    finally:
-        if base != tmp_path:
-            shutil.rmtree(base)
-    assert min(times) < 0.2
 
 
 def test_write_tree_refuses(tmp_path: Path) -> None:

@@ -7,17 +7,30 @@ The data is validated when pyinfra loads this file, before it connects anywhere:
 `<host>: path.to.field: message` and stops the run. inventory/baremetal.py and inventory/lxc.py reuse these
 hosts with another profile; the lab has its own inventory (inventory/lab.py). Every key is described in the
 README's variable tables.
+
+SSH host keys are checked strictly against `known_hosts` beside this file, never trusted on first use:
+record each host's key there before the first run (README, "Security": compare it with the key the host
+shows on its console).
 """
+
+from pathlib import Path
 
 from pvegpu.guest_inventory import exit_on_invalid_guests
 from pvegpu.models.inventory import exit_on_invalid
+
+# Every host's SSH settings; inventory/baremetal.py and inventory/lxc.py reuse them.
+SSH = {
+    "ssh_user": "root",
+    "ssh_strict_host_key_checking": "yes",
+    "ssh_known_hosts_file": str(Path(__file__).resolve().with_name("known_hosts")),
+}
 
 pve_nodes = exit_on_invalid(
     [
         (
             "pve1.example.net",
             {
-                "ssh_user": "root",
+                **SSH,
                 "node": {
                     "name": "pve1",
                     "profile": "vm",
@@ -47,7 +60,7 @@ vm_guests = exit_on_invalid_guests(
         (
             "llm.example.net",
             {
-                "ssh_user": "root",
+                **SSH,
                 "node": {"name": "llm", "profile": "vm", "gpus": {"ids": ["10de:2bb1"], "count": 8}},
                 "sglang": {"model_path": "/srv/models/GLM-5-NVFP4", "served_model_name": "glm-5"},
             },

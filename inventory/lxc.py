@@ -29,10 +29,11 @@ pve_nodes = exit_on_invalid(
 
 
 # The container as a serving host: its address (DHCP on vmbr0; give it a DNS name or a static ip), SSH as
-# root, the node's GPUs and driver (its userspace must be the host module's version), the guest's SGLang.
+# inventory.py's hosts (root, host key checked strictly), the node's GPUs and driver (its userspace must be
+# the host module's version), the guest's SGLang.
 def _container(node_data: dict[str, Any]) -> dict[str, Any]:
     shared = {key: value for key, value in node_data.items() if key in ("node", "driver")}
-    return {**serving(shared, _guest, "lxc"), "ssh_user": "root"}
+    return {**serving(shared, _guest, "lxc"), **_base["SSH"]}
 
 
 lxc_guests = exit_on_invalid_guests([("llm-ct.example.net", _container(data)) for _, data in pve_nodes])

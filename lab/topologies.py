@@ -8,6 +8,10 @@ never captured from a machine; their IOMMU groups are computed by `lab.grouping`
 - `reference-renumbered`: the same cards in the same slots after a BIOS change: root buses re-allocated
   (0000:41:00 is now gpu2, not gpu0) and a second NVMe enabled on root complex 00, so every group number
   after it moves.
+- `reference-missing-gpu`: the reference box with the card of slot 4 (gpu3, 0000:71:00) gone, its root port
+  empty: the buses stay, and every group probed after that card's is one lower.
+- `reference-other-card`: the reference box with an RTX 6000 Ada (10de:26b1, an assumed subsystem 10de:16a1)
+  in slot 6 (gpu5, 0000:d1:00) instead of the RTX PRO 6000: same address, same groups.
 - `switches`: GPUs in pairs behind Broadcom PCIe switches (one per root complex), downstream ports with
   ACS: each card alone in its group.
 - `switches-noacs`: the same, downstream ports without ACS: each card shares its group with its
@@ -25,6 +29,8 @@ bridge id 1022:149f is assumed. Others: common server parts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from lab.topology import Bar, Device, Function, Kind, Link, RootComplex, Space, Topology
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -37,30 +43,45 @@ GEN2_X1 = Link("5.0 GT/s PCIe", 1, "5.0 GT/s PCIe", 1)
 
 NUMA_CPULISTS = {0: "0-31,64-95", 1: "32-63,96-127"}  # 2 x 32 cores with SMT
 
-# NVIDIA RTX PRO 6000 Blackwell (96 GB): display function + HDMI audio function, same subsystem.
 NVIDIA = 0x10DE
-RTX_PRO_6000 = 0x2BB1
-RTX_PRO_6000_AUDIO = 0x22E8
-RTX_PRO_6000_SUBSYSTEM = (NVIDIA, 0x204B)
 AMD = 0x1022
 
 
-def gpu_card(dev: int = 0, *, slot: str | None = None, link: Link = GEN5_X16) -> Device:
-    """An RTX PRO 6000 Blackwell: BAR0 64 MiB, BAR1 128 GiB (the 96 GB card's large BAR), BAR3 32 MiB, IO."""
+@dataclass(frozen=True)
+class CardModel:
+    """An NVIDIA card's two functions (display + HDMI audio, one subsystem) and its BAR0/BAR1 sizes."""
+
+    device: int
+    audio: int
+    subsystem: tuple[int, int]
+    bar0: int
+    bar1: int
+
+
+# RTX PRO 6000 Blackwell (96 GB): BAR1 128 GiB, the 96 GB card's large BAR.
+RTX_PRO_6000 = CardModel(0x2BB1, 0x22E8, (NVIDIA, 0x204B), bar0=64 * MIB, bar1=128 * GIB)
+# RTX 6000 Ada (48 GB), AD102: its audio 10de:22ba; the subsystem 10de:16a1 is assumed.
+RTX_6000_ADA = CardModel(0x26B1, 0x22BA, (NVIDIA, 0x16A1), bar0=16 * MIB, bar1=64 * GIB)
+
+
+def gpu_card(
+    dev: int = 0, *, slot: str | None = None, link: Link = GEN5_X16, model: CardModel = RTX_PRO_6000
+) -> Device:
+    """An NVIDIA card: BAR0 (32-bit), BAR1 (64-bit prefetchable), BAR3 32 MiB, IO; then its audio function."""
     gpu = Function(
         fn=0,
         vendor=NVIDIA,
-        device=RTX_PRO_6000,
+        device=model.device,
         class_code=0x030000,
         kind=Kind.ENDPOINT,
-        subsystem=RTX_PRO_6000_SUBSYSTEM,
+        subsystem=model.subsystem,
         revision=0xA1,
         link=link,
         driver="nvidia",
         rom_size=512 * KIB,
         bars=(
-            Bar(0, 64 * MIB, Space.MEM32),
-            Bar(1, 128 * GIB, Space.MEM64, prefetchable=True),
+            Bar(0, model.bar0, Space.MEM32),
+            Bar(1, model.bar1, Space.MEM64, prefetchable=True),
             Bar(3, 32 * MIB, Space.MEM64, prefetchable=True),
             Bar(5, 128, Space.IO),
         ),
@@ -68,10 +89,10 @@ def gpu_card(dev: int = 0, *, slot: str | None = None, link: Link = GEN5_X16) ->
     audio = Function(
         fn=1,
         vendor=NVIDIA,
-        device=RTX_PRO_6000_AUDIO,
+        device=model.audio,
         class_code=0x040300,
         kind=Kind.ENDPOINT,
-        subsystem=RTX_PRO_6000_SUBSYSTEM,
+        subsystem=model.subsystem,
         revision=0xA1,
         link=link,
         driver="snd_hda_intel",
@@ -174,8 +195,9 @@ def bmc_vga(dev: int = 0) -> Device:
     return Device(dev, (bridge,))
 
 
-def root_port(fn: int, child: Device, *, acs: bool = True, link: Link = GEN5_X16) -> Function:
-    """An AMD GPP bridge (root port). Real AMD root ports have ACS; `acs=False` is a BIOS that disabled it."""
+def root_port(fn: int, child: Device | None, *, acs: bool = True, link: Link = GEN5_X16) -> Function:
+    """An AMD GPP bridge (root port), empty when `child` is None. Real AMD root ports have ACS; `acs=False` is
+    a BIOS that disabled it."""
     return Function(
         fn=fn,
         vendor=AMD,
@@ -185,7 +207,7 @@ def root_port(fn: int, child: Device, *, acs: bool = True, link: Link = GEN5_X16
         acs=acs,
         link=link,
         driver="pcieport",
-        children=(child,),
+        children=(child,) if child else (),
     )
 
 
@@ -273,10 +295,16 @@ def _reference(
     *,
     second_nvme: bool = False,
     shared_card: int | None = None,
+    missing_card: int | None = None,
+    other_card: int | None = None,
 ) -> Topology:
     rcs = [_host_io(second_nvme=second_nvme), amd_root_complex(host1_bus, 1, {1: (root_port(1, nvme()),)})]
     for index, bus in enumerate(gpu_buses):
-        card = gpu_card(slot=str(index + 1))
+        card: Device | None = gpu_card(
+            slot=str(index + 1), model=RTX_6000_ADA if index == other_card else RTX_PRO_6000
+        )
+        if index == missing_card:
+            card = None
         if index == shared_card:
             behind = switch((gpu_card(slot=str(index + 1), link=GEN5_CARD_ON_GEN4), nic(ports=1)), acs=False)
             rcs.append(
@@ -403,6 +431,20 @@ TOPOLOGIES: dict[str, Topology] = {
             gpu_buses=(0x40, 0x50, 0x60, 0x70, 0xC0, 0xD0, 0xE0, 0xF0),
             host1_bus=0x80,
             shared_card=3,
+        ),
+        _reference(
+            "reference-missing-gpu",
+            "the reference box with the card of slot 4 (gpu3) gone: same buses, later groups one lower",
+            gpu_buses=(0x40, 0x50, 0x60, 0x70, 0xC0, 0xD0, 0xE0, 0xF0),
+            host1_bus=0x80,
+            missing_card=3,
+        ),
+        _reference(
+            "reference-other-card",
+            "the reference box with an RTX 6000 Ada (10de:26b1) in slot 6 (gpu5) instead of its RTX PRO 6000",
+            gpu_buses=(0x40, 0x50, 0x60, 0x70, 0xC0, 0xD0, 0xE0, 0xF0),
+            host1_bus=0x80,
+            other_card=5,
         ),
         _qemu_probe(),
     )

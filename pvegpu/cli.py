@@ -1,7 +1,8 @@
 """`pvegpu`: offline views of captured /sys trees, read with the same command and parser the facts use.
 
-Exit status: 0 all selected GPUs passable; 1 a GPU refused or a topology problem (count, none found, nodes
-that disagree); 2 unreadable input (and click's usage errors).
+Exit status: 0 all selected GPUs passable (with `mapping --against`: every GPU unchanged or repaired); 1 a GPU
+refused or a topology problem (count, none found, nodes that disagree; with `--against`: a hardware change
+that is not a renumbering); 2 unreadable input (and click's usage errors).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import click
 
 from pvegpu.facts.errors import FactCommandError, FactParseError
 from pvegpu.facts.hardware import read_hardware_locally
-from pvegpu.facts.pci_cfg import render_pci_cfg
+from pvegpu.facts.pci_cfg import parse_pci_cfg, render_pci_cfg, replace_map_lines
 from pvegpu.models.fields import normalize_pci_id
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import GpuSelector
-from pvegpu.models.pve import NODE_NAME
-from pvegpu.plan.mapping import DEFAULT_PREFIX, MappingPlanError, mapping_id, plan_mappings
+from pvegpu.models.pve import NODE_NAME, PciMapping
+from pvegpu.plan.heal import Status, plan_heal
+from pvegpu.plan.mapping import DEFAULT_PREFIX, MappingPlanError, managed_index, mapping_id, plan_mappings
 from pvegpu.plan.topology import Topology, plan_topology, plan_vendor_topology, topology_to_json
 from pvegpu.report import render_table
 
@@ -129,15 +131,37 @@ def _prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     callback=_prefix,
     help="Mapping ids are PREFIX0, PREFIX1, ... in physical order.",
 )
+@click.option(
+    "--against",
+    type=click.Path(path_type=Path),
+    metavar="PCI_CFG",
+    help="A pci.cfg to repair: print it as pvegpu would write it after a BIOS change, one line per GPU on "
+    "stderr (--id and --count do not apply: the GPUs are every display function of the mappings' vendors).",
+)
 def mapping(
-    nodes: tuple[tuple[str, Path], ...], ids: tuple[str, ...], count: int | None, prefix: str
+    nodes: tuple[tuple[str, Path], ...],
+    ids: tuple[str, ...],
+    count: int | None,
+    prefix: str,
+    against: Path | None,
 ) -> None:
     """Print the /etc/pve/mapping/pci.cfg sections pvegpu would write: one mapping per GPU, one map line
     per node, exactly as Proxmox stores them.
 
     Exit status 0 when printed, 1 when a GPU is refused or the nodes disagree (the problems go to stderr,
     nothing to stdout), 2 when a tree cannot be read.
+
+    With --against PCI_CFG: print that file with each node's renumber-only drift repaired (every other line
+    byte for byte), and on stderr one line per GPU and node: `gpu0 pve1: unchanged`, `gpu0 pve1: 0000:41:00
+    group 14 -> 0000:21:00 group 16, repaired`, or what changed and why it is not repaired. A node with
+    any GPU not repaired keeps all its lines. Exit status 0 when every GPU is unchanged or repaired, 1 when a
+    hardware change is not a renumbering, 2 when a tree or the file cannot be read.
     """
+    if against is not None:
+        if ids or count is not None:
+            raise click.UsageError("--against decides on the GPUs the mappings name: no --id or --count")
+        _repair(nodes, against, prefix)
+        return
     topologies = {name: _plan(_read(directory), ids, count) for name, directory in nodes}
     try:
         planned = plan_mappings(topologies, prefix)
@@ -146,6 +170,46 @@ def mapping(
             click.echo(f"pvegpu: {problem}", err=True)
         raise SystemExit(EXIT_REFUSED) from None
     click.echo(render_pci_cfg(planned), nl=False)
+
+
+def _repair(nodes: tuple[tuple[str, Path], ...], against: Path, prefix: str) -> None:
+    text = _read_cfg(against, prefix)
+    sections: tuple[PciMapping, ...] = parse_pci_cfg(text, str(against)).mappings
+    replacements: dict[tuple[str, str], str] = {}
+    ok = True
+    for name, directory in sorted(nodes):
+        plan = plan_heal(name, sections, _read(directory), prefix)
+        for line in plan.lines:
+            click.echo(line, err=True)
+        for gpu in plan.gpus:
+            if gpu.status is Status.REPAIRED and gpu.text is not None and gpu.repaired is not None:
+                replacements[gpu.mapping, gpu.text] = gpu.repaired.text
+        sections, ok = plan.sections, ok and plan.ok
+    click.echo(replace_map_lines(text, replacements), nl=False)
+    if not ok:
+        raise SystemExit(EXIT_REFUSED)
+
+
+def _read_cfg(path: Path, prefix: str) -> str:
+    """The file's text; exit 2 with `pvegpu: cannot read PATH: <reason>` when it cannot be read, holds no
+    pvegpu mapping, or Proxmox would drop lines of one (Proxmox's warnings follow on stderr)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        click.echo(f"pvegpu: cannot read {path}: {getattr(error, 'strerror', None) or error}", err=True)
+        raise SystemExit(EXIT_UNREADABLE) from None
+    parsed = parse_pci_cfg(text, str(path))
+    sections = {*parsed.failed, *(error.section for error in parsed.errors)}
+    lost = sorted(section for section in sections if managed_index(prefix, section) is not None)
+    if lost:
+        click.echo(f"pvegpu: cannot read {path}: Proxmox drops lines of {', '.join(lost)}", err=True)
+        for warning in parsed.warnings:
+            click.echo(f"pvegpu: {warning}", err=True)
+        raise SystemExit(EXIT_UNREADABLE)
+    if not any(managed_index(prefix, mapping.id) is not None for mapping in parsed.mappings):
+        click.echo(f"pvegpu: cannot read {path}: it holds no mapping {prefix}<N>", err=True)
+        raise SystemExit(EXIT_UNREADABLE)
+    return text
 
 
 def _plan(hw: HostHardware, ids: tuple[str, ...], count: int | None) -> Topology:

@@ -7,7 +7,8 @@ Backends (`connect_https`, `connect_ssh`, `connect_local`):
   `AA:BB:…` SHA-256, as `pvenode cert info` prints it) the certificate is pinned instead. There is no
   option to skip verification.
 - `ssh`: proxmoxer's paramiko session runs `pvesh` on the node. The host key must already be known
-  (system known_hosts or `known_hosts`): an unknown key is refused, never added.
+  (system known_hosts or `known_hosts`): an unknown key is refused, never added. TCP_NODELAY is set on
+  its socket (pvegpu.ssh_nodelay).
 - `local`: proxmoxer's local session runs `pvesh` on this node.
 
 The command backends build the `pvesh` argv here rather than through proxmoxer's flattening, which sends a
@@ -16,17 +17,23 @@ list as ONE argument (`-map "['a', 'b']"`, an invalid mapping): every list value
 UPID, and exits 0 even when the task failed (shared/knowledge/proxmox-api-behaviour.md §0.1): the task's
 `exitstatus` is the only truth, so every UPID is waited for (`wait_task`).
 
-Every API failure raises `PveError` carrying Proxmox's status and message verbatim.
+Every API failure raises `PveError` carrying Proxmox's status and message verbatim and the endpoint it came
+from (`PUT /cluster/mapping/pci/gpu0`); `PveError.line` says both in one line. An answer that is not the
+API's (an HTML page, cut-off or unparsable JSON, JSON of the wrong shape) raises `PveResponseError` naming
+the endpoint and the answer's first line. A write that returns nothing proves nothing: pvesh prints the
+handler's own lines there (`update VM 100: -cores 4`), so callers read back what they wrote.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import paramiko
 from proxmoxer import ProxmoxAPI, ResourceException
@@ -44,8 +51,10 @@ from pvegpu.models.pve import (
     TaskStatus,
     VmStatus,
 )
+from pvegpu.ssh_nodelay import nodelay_transport
 from pvegpu.wait import WaitTimeoutError, wait_until
 
+_LOG = logging.getLogger(__name__)
 Method = Literal["GET", "POST", "PUT", "DELETE"]
 Value = str | int | bool | Sequence[str]
 Params = Mapping[str, Value | None]
@@ -60,14 +69,55 @@ UPID = re.compile(
 
 class PveError(Exception):
     """An API call failed. `status` is the HTTP status (pvesh: the `NNN` of its error line, else 500),
-    `message` Proxmox's text, `errors` the per-parameter messages of a 400."""
+    `message` Proxmox's text, `errors` the per-parameter messages of a 400, `endpoint` the call
+    (`POST /cluster/mapping/pci`; set by PveClient, empty before)."""
 
     def __init__(self, status: int, message: str, errors: Mapping[str, str] | None = None) -> None:
         self.status = status
         self.message = message
         self.errors = dict(errors or {})
+        self.endpoint = ""
         lines = [f"{status} {message}", *(f"{key}: {text}" for key, text in sorted(self.errors.items()))]
         super().__init__("\n".join(lines))
+
+    @property
+    def line(self) -> str:
+        """One line for an error message: `<endpoint>: <first line of the message>` (per-parameter errors
+        follow it, `; `-joined)."""
+        params = "".join(f"; {key}: {text}" for key, text in sorted(self.errors.items()))
+        where = f"{self.endpoint}: " if self.endpoint else ""
+        return f"{where}{first_line(self.message)}{params}"
+
+
+class PveResponseError(PveError):
+    """An endpoint answered something that is not the API's answer; the message says what was expected and
+    the first line of what came."""
+
+    def __init__(self, expected: str, got: object) -> None:
+        super().__init__(502, f"expected {expected}, got {shown(got)}")
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    """What a call printed or returned that is not JSON: a handler's own lines before a null result (pvesh),
+    or garbage (an HTML page, a cut-off reply)."""
+
+    text: str
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    """The first non-blank line of `text`, stripped and cut to `limit` characters (`…` marks a cut)."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def shown(got: object) -> str:
+    """An answer as an error message quotes it: the first line of its text (JSON for data), repr-quoted;
+    `nothing` for None."""
+    if got is None:
+        return "nothing"
+    text = got.text if isinstance(got, Unparsed) else json.dumps(got, sort_keys=True, default=str)
+    return repr(first_line(text))
 
 
 class PveConnectionError(PveError):
@@ -94,7 +144,8 @@ class TaskTimeoutError(PveError):
 
 
 class Transport(Protocol):
-    """One API call: returns the `data` of the response (None for calls that return nothing)."""
+    """One API call: returns the `data` of the response (None for calls that return nothing; `Unparsed`
+    for an answer that is not JSON)."""
 
     def __call__(self, method: Method, path: str, params: Params) -> object: ...
 
@@ -123,7 +174,8 @@ def _text(value: str | int | bool) -> str:
 
 
 def parse_pvesh_output(stdout: str, stderr: str, exit_code: int) -> object:
-    """The result of a pvesh run: the JSON after any worker/handler output lines, None when it printed none.
+    """The result of a pvesh run: the JSON after any worker/handler output lines, None when it printed
+    nothing, `Unparsed(stdout)` when no JSON ends it (a handler's lines before a null result, or garbage).
 
     A non-zero exit raises PveError: `NNN message` lines give the status (`400 Parameter verification
     failed.` with one `param: message` line each, up to the usage line); a plain die is status 500 with
@@ -138,7 +190,7 @@ def parse_pvesh_output(stdout: str, stderr: str, exit_code: int) -> object:
             return json.loads("\n".join(lines[start:]))
         except ValueError:
             continue
-    return None
+    return Unparsed(stdout) if stdout.strip() else None
 
 
 def _pvesh_error(stderr: str) -> PveError:
@@ -195,11 +247,55 @@ class _KnownHostsSession(SshParamikoSession):
                 allow_agent=True,
                 look_for_keys=self.private_key_file is None,
                 timeout=self.timeout,
+                transport_factory=nodelay_transport,
             )
         except BaseException:
             client.close()  # paramiko leaves the transport open on a refused key or login
             raise
         return client
+
+    def run(self, argv: list[str]) -> tuple[str, str, int]:
+        """Run `argv` on the node: (stdout, stderr, exit code).
+
+        The connection is re-established first when it is gone (a reboot of the node drops it), and once
+        more when opening the channel fails: the command was not sent then. A connection lost after it was
+        sent raises PveConnectionError (it may have run: callers read back what they wrote)."""
+        where = f"ssh {self.user}@{self.host}:{self.port}"
+        try:
+            channel = self._channel()
+        except (paramiko.SSHException, EOFError, OSError):
+            self._reconnect()
+            try:
+                channel = self._channel()
+            except (paramiko.SSHException, EOFError, OSError) as error:
+                raise PveConnectionError(f"{where}: {error or type(error).__name__}") from None
+        try:
+            channel.exec_command(shlex.join(argv))
+            stdout = channel.makefile("rb", -1).read().decode()
+            stderr = channel.makefile_stderr("rb", -1).read().decode()
+            return stdout, stderr, channel.recv_exit_status()
+        except (paramiko.SSHException, EOFError, OSError) as error:
+            raise PveConnectionError(
+                f"{where}: connection lost after the command was sent: {error or type(error).__name__}"
+            ) from None
+
+    def _channel(self) -> paramiko.Channel:
+        transport = self.ssh_client.get_transport()
+        if transport is None or not transport.is_active():
+            self._reconnect()
+            transport = self.ssh_client.get_transport()
+        if transport is None:
+            raise paramiko.SSHException("SSH session not active")
+        channel: paramiko.Channel = transport.open_session()
+        return channel
+
+    def _reconnect(self) -> None:
+        self.ssh_client.close()
+        try:
+            self.ssh_client = self._connect()
+        except (paramiko.SSHException, OSError) as error:
+            where = f"ssh {self.user}@{self.host}:{self.port}"
+            raise PveConnectionError(f"{where}: reconnecting: {error}") from None
 
 
 def connect_ssh(
@@ -213,7 +309,8 @@ def connect_ssh(
     timeout: float = 30,
 ) -> PveClient:
     """A client running `pvesh` on `host` over SSH (paramiko). The host key must be in the system
-    known_hosts or in `known_hosts`; otherwise PveConnectionError, nothing is added."""
+    known_hosts or in `known_hosts`; otherwise PveConnectionError, nothing is added. A dropped connection
+    (the node rebooted) is re-established before the next call (`_KnownHostsSession.run`)."""
     try:
         session = _KnownHostsSession(
             known_hosts, host=host, user=user, private_key_file=key_filename, port=port, timeout=timeout
@@ -222,8 +319,8 @@ def connect_ssh(
         raise PveConnectionError(f"ssh {user}@{host}:{port}: {error}") from None
 
     def run(argv: list[str]) -> tuple[str, str, int]:
-        stdout, stderr, exit_code = session._exec(argv)  # type: ignore[no-untyped-call]
-        return str(stdout), str(stderr), int(exit_code)
+        _LOG.debug("Running pvesh on %s: %s", host, shlex.join(argv))  # scripts/bench.py counts these
+        return session.run(argv)
 
     return PveClient(CommandTransport(run, sudo=sudo))
 
@@ -265,12 +362,17 @@ class HttpsTransport:
         values = {key: _form(value) for key, value in params.items() if value is not None}
         call = getattr(self.api(path.lstrip("/")), method.lower())  # get/post/put/delete
         try:
-            return call(**values)
+            data = call(**values)
         except ResourceException as error:
             errors = error.errors if isinstance(error.errors, dict) else None
             raise PveError(int(error.status_code), str(error.content), errors) from None
         except RequestException as error:
             raise PveConnectionError(f"{self.api._store['base_url']}: {error}") from None
+        # proxmoxer's JSON serializer answers a body that is not JSON with {"errors": <the body>}.
+        if isinstance(data, dict) and set(data) == {"errors"} and isinstance(data["errors"], bytes | str):
+            raw = data["errors"]
+            return Unparsed(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+        return data
 
 
 def _form(value: Value) -> str | list[str]:
@@ -326,48 +428,92 @@ def connect_https(
 
 @dataclass(frozen=True)
 class PveClient:
-    """The API calls pvegpu makes. Paths and parameters are Proxmox's (proxmox-api-behaviour.md)."""
+    """The API calls pvegpu makes. Paths and parameters are Proxmox's (proxmox-api-behaviour.md).
+
+    Every PveError leaving a method carries the endpoint (`PveError.line`); an answer of the wrong kind
+    raises PveResponseError. Writes that return nothing are not proof of anything: read back."""
 
     call: Transport
+
+    def _call(self, method: Method, path: str, params: Params) -> object:
+        try:
+            return self.call(method, path, params)
+        except PveError as error:
+            error.endpoint = error.endpoint or f"{method} {path}"
+            raise
+
+    def _read(self, path: str, params: Params, parse: Callable[[object], _T]) -> _T:
+        """`GET path`, its data parsed by `parse`; an answer `parse` cannot take is a PveResponseError."""
+        data = self._call("GET", path, params)
+        try:
+            return parse(data)
+        except _ShapeError as shape:
+            raise _response_error(f"GET {path}", shape.expected, data) from None
+        except KeyError as missing:
+            raise _response_error(f"GET {path}", f"an object with {missing.args[0]!r}", data) from None
+        except (TypeError, ValueError) as error:
+            raise _response_error(f"GET {path}", f"Proxmox's format ({error})", data) from None
+
+    def _write(self, method: Method, path: str, params: Params) -> None:
+        """A call whose result is null: None, or under pvesh the handler's own lines (`Unparsed`)."""
+        data = self._call(method, path, params)
+        if data is not None and not isinstance(data, Unparsed):
+            raise _response_error(f"{method} {path}", "no data", data)
+
+    def _task(self, method: Method, path: str, params: Params) -> str:
+        """A call that starts a task: its UPID."""
+        data = self._call(method, path, params)
+        if not isinstance(data, str) or UPID.fullmatch(data) is None:
+            raise _response_error(f"{method} {path}", "a task id (UPID)", data)
+        return data
 
     # -- cluster PCI mappings
     def mappings(self, check_node: str | None = None) -> tuple[MappingState, ...]:
         """`GET /cluster/mapping/pci`; with `check_node`, each mapping's checks for that node."""
-        data = self.call("GET", "/cluster/mapping/pci", {"check-node": check_node})
-        return tuple(_mapping_state(item, checked=check_node is not None) for item in _list(data))
+        checked = check_node is not None
+        return self._read(
+            "/cluster/mapping/pci",
+            {"check-node": check_node},
+            lambda data: tuple(_mapping_state(item, checked=checked) for item in _list(data)),
+        )
 
     def mapping(self, mapping_id: str) -> MappingState | None:
         """`GET /cluster/mapping/pci/{id}`, None when Proxmox says `mapping '<id>' not found`."""
         try:
-            data = self.call("GET", f"/cluster/mapping/pci/{mapping_id}", {})
+            return self._read(
+                f"/cluster/mapping/pci/{mapping_id}",
+                {},
+                lambda data: _mapping_state({**_dict(data), "id": mapping_id}, checked=False),
+            )
+        except PveResponseError:
+            raise
         except PveError as error:
             if error.message == f"mapping '{mapping_id}' not found":
                 return None
             raise
-        return _mapping_state({**_dict(data), "id": mapping_id}, checked=False)
 
     def create_mapping(self, mapping: PciMapping) -> None:
         """`POST /cluster/mapping/pci` (`pci ID '<id>' already defined` when it exists)."""
-        self.call("POST", "/cluster/mapping/pci", {"id": mapping.id, **_mapping_params(mapping)})
+        self._write("POST", "/cluster/mapping/pci", {"id": mapping.id, **_mapping_params(mapping)})
 
     def update_mapping(self, mapping: PciMapping, digest: str) -> None:
         """`PUT /cluster/mapping/pci/{id}` with the whole `map` and the `digest` of the GET it is based on:
         a concurrent edit fails with Proxmox's `detected modified configuration` error, nothing written."""
         params = {**_mapping_params(mapping), "digest": digest}
-        self.call("PUT", f"/cluster/mapping/pci/{mapping.id}", params)
+        self._write("PUT", f"/cluster/mapping/pci/{mapping.id}", params)
 
     def delete_mapping(self, mapping_id: str) -> None:
         """`DELETE /cluster/mapping/pci/{id}` (a missing id is not an error)."""
-        self.call("DELETE", f"/cluster/mapping/pci/{mapping_id}", {})
+        self._write("DELETE", f"/cluster/mapping/pci/{mapping_id}", {})
 
     # -- qemu
     def create_vm(self, node: str, vmid: int, config: Params) -> str:
         """`POST /nodes/{node}/qemu`; returns the UPID (wait for it: creation runs as a task)."""
-        return _upid(self.call("POST", f"/nodes/{node}/qemu", {"vmid": vmid, **config}))
+        return self._task("POST", f"/nodes/{node}/qemu", {"vmid": vmid, **config})
 
     def vm_config(self, node: str, vmid: int) -> GuestConfig:
         """`GET …/qemu/{vmid}/config` with pending values applied, plus its `digest`."""
-        return _guest_config(self.call("GET", f"/nodes/{node}/qemu/{vmid}/config", {}))
+        return self._read(f"/nodes/{node}/qemu/{vmid}/config", {}, _guest_config)
 
     def update_vm_config(
         self, node: str, vmid: int, values: Params, digest: str, delete: Sequence[str] = ()
@@ -375,32 +521,25 @@ class PveClient:
         """`PUT …/qemu/{vmid}/config` (synchronous) with the GET's `digest`: a concurrent edit fails with
         `checksum mismatch (file change by other user?)`. `delete` removes keys."""
         params = {**values, "delete": ",".join(delete) or None, "digest": digest}
-        self.call("PUT", f"/nodes/{node}/qemu/{vmid}/config", params)
+        self._write("PUT", f"/nodes/{node}/qemu/{vmid}/config", params)
 
     def start_vm(self, node: str, vmid: int) -> str:
         """`POST …/status/start`; returns the UPID. A failed start (e.g. an invalid mapping) still returns
         one: `wait_task` raises with the task's exitstatus."""
-        return _upid(self.call("POST", f"/nodes/{node}/qemu/{vmid}/status/start", {}))
+        return self._task("POST", f"/nodes/{node}/qemu/{vmid}/status/start", {})
 
     def stop_vm(self, node: str, vmid: int) -> str:
         """`POST …/status/stop`; returns the UPID (stopping a stopped VM succeeds)."""
-        return _upid(self.call("POST", f"/nodes/{node}/qemu/{vmid}/status/stop", {}))
+        return self._task("POST", f"/nodes/{node}/qemu/{vmid}/status/stop", {})
 
     def vm_status(self, node: str, vmid: int) -> VmStatus:
         """`GET …/qemu/{vmid}/status/current`."""
-        data = _dict(self.call("GET", f"/nodes/{node}/qemu/{vmid}/status/current", {}))
-        qmp, name = data.get("qmpstatus"), data.get("name")
-        return VmStatus(
-            vmid=int(str(data["vmid"])),
-            status=str(data["status"]),
-            qmpstatus=None if qmp is None else str(qmp),
-            name=None if name is None else str(name),
-        )
+        return self._read(f"/nodes/{node}/qemu/{vmid}/status/current", {}, _vm_status)
 
     # -- lxc
     def lxc_config(self, node: str, vmid: int) -> GuestConfig:
         """`GET …/lxc/{vmid}/config` (raw `lxc.*` lines under the key `lxc`), plus its `digest`."""
-        return _guest_config(self.call("GET", f"/nodes/{node}/lxc/{vmid}/config", {}))
+        return self._read(f"/nodes/{node}/lxc/{vmid}/config", {}, _guest_config)
 
     def update_lxc_config(
         self, node: str, vmid: int, values: Params, digest: str, delete: Sequence[str] = ()
@@ -408,32 +547,60 @@ class PveClient:
         """`PUT …/lxc/{vmid}/config` with the GET's `digest` (a concurrent edit: `detected modified
         configuration - file changed by other user? Try again.`). Raw `lxc.*` keys cannot be set here."""
         params = {**values, "delete": ",".join(delete) or None, "digest": digest}
-        self.call("PUT", f"/nodes/{node}/lxc/{vmid}/config", params)
+        self._write("PUT", f"/nodes/{node}/lxc/{vmid}/config", params)
 
     def create_lxc(self, node: str, vmid: int, config: Params) -> str:
         """`POST /nodes/{node}/lxc`; returns the UPID (creation runs as a task)."""
-        return _upid(self.call("POST", f"/nodes/{node}/lxc", {"vmid": vmid, **config}))
+        return self._task("POST", f"/nodes/{node}/lxc", {"vmid": vmid, **config})
 
     def start_lxc(self, node: str, vmid: int) -> str:
         """`POST …/lxc/{vmid}/status/start`; returns the UPID (`CT <vmid> already running` before one)."""
-        return _upid(self.call("POST", f"/nodes/{node}/lxc/{vmid}/status/start", {}))
+        return self._task("POST", f"/nodes/{node}/lxc/{vmid}/status/start", {})
 
     def stop_lxc(self, node: str, vmid: int) -> str:
         """`POST …/lxc/{vmid}/status/stop`; returns the UPID (`CT <vmid> not running` before one)."""
-        return _upid(self.call("POST", f"/nodes/{node}/lxc/{vmid}/status/stop", {}))
+        return self._task("POST", f"/nodes/{node}/lxc/{vmid}/status/stop", {})
 
     def lxc_status(self, node: str, vmid: int) -> str:
         """`GET …/lxc/{vmid}/status/current`: `running` or `stopped`."""
-        return str(_dict(self.call("GET", f"/nodes/{node}/lxc/{vmid}/status/current", {}))["status"])
+        return self._read(
+            f"/nodes/{node}/lxc/{vmid}/status/current", {}, lambda data: _text_of(data, "status")
+        )
 
     # -- tasks
     def task_status(self, upid: str) -> TaskStatus:
         """`GET /nodes/{node}/tasks/{upid}/status`, the node taken from the UPID."""
-        data = _dict(self.call("GET", f"/nodes/{upid_node(upid)}/tasks/{upid}/status", {}))
-        exitstatus = data.get("exitstatus")
-        return TaskStatus(
-            upid=upid, status=str(data["status"]), exitstatus=None if exitstatus is None else str(exitstatus)
-        )
+
+        def parse(data: object) -> TaskStatus:
+            exitstatus = _dict(data).get("exitstatus")
+            return TaskStatus(
+                upid=upid,
+                status=_text_of(data, "status"),
+                exitstatus=None if exitstatus is None else str(exitstatus),
+            )
+
+        return self._read(f"/nodes/{upid_node(upid)}/tasks/{upid}/status", {}, parse)
+
+    def guest_tasks(self, node: str, vmid: int, limit: int = 10) -> tuple[TaskStatus, ...]:
+        """`GET /nodes/{node}/tasks` of guest `vmid`, newest first: each one's status (`running`, or
+        `stopped` with its exit status, e.g. `unexpected status` for a worker that was killed)."""
+
+        def parse(data: object) -> tuple[TaskStatus, ...]:
+            tasks = []
+            for item in _list(data):
+                values = _dict(item)
+                ended = values.get("endtime") is not None
+                tasks.append(
+                    TaskStatus(
+                        upid=_text_of(values, "upid"),
+                        status="stopped" if ended else "running",
+                        exitstatus=_text_of(values, "status") if ended else None,
+                    )
+                )
+            return tuple(tasks)
+
+        params: Params = {"vmid": vmid, "source": "all", "limit": limit}
+        return self._read(f"/nodes/{node}/tasks", params, parse)
 
     def wait_task(
         self,
@@ -463,11 +630,32 @@ class PveClient:
                 running, timeout, f"task {upid} still running", interval_s=interval, clock=clock, sleep=sleep
             )
         except WaitTimeoutError:
-            raise TaskTimeoutError(upid, timeout) from None
+            timed_out = TaskTimeoutError(upid, timeout)
+            timed_out.endpoint = f"task {upid}"
+            raise timed_out from None
         status = ended[0]
         if status.exitstatus != "OK":
-            raise TaskFailedError(upid, status.exitstatus or "task stopped without an exit status")
+            failed = TaskFailedError(upid, status.exitstatus or "task stopped without an exit status")
+            failed.endpoint = f"task {upid}"
+            raise failed
         return status
+
+
+_T = TypeVar("_T")
+
+
+class _ShapeError(ValueError):
+    """Data of the wrong JSON shape; `expected` says what was wanted (`a list`)."""
+
+    def __init__(self, expected: str) -> None:
+        self.expected = expected
+        super().__init__(expected)
+
+
+def _response_error(endpoint: str, expected: str, got: object) -> PveResponseError:
+    error = PveResponseError(expected, got)
+    error.endpoint = endpoint
+    return error
 
 
 def upid_node(upid: str) -> str:
@@ -476,13 +664,6 @@ def upid_node(upid: str) -> str:
     if match is None:
         raise ValueError(f"{upid!r} is not a Proxmox task id (UPID)")
     return match["node"]
-
-
-def _upid(data: object) -> str:
-    if not isinstance(data, str):
-        raise PveError(500, f"expected a task id (UPID), got {data!r}")
-    upid_node(data)
-    return data
 
 
 def _mapping_params(mapping: PciMapping) -> dict[str, Value | None]:
@@ -501,8 +682,8 @@ def _mapping_state(item: object, *, checked: bool) -> MappingState:
     data = _dict(item)
     description = data.get("description")
     mapping = PciMapping(
-        id=str(data["id"]),
-        map=tuple(str(entry) for entry in _list(data.get("map", []))),
+        id=_text_of(data, "id"),
+        map=tuple(_strings(data.get("map", []))),
         description=None if description is None else str(description),
         mdev=_flag(data.get("mdev")),
         live_migration_capable=_flag(data.get("live-migration-capable")),
@@ -510,10 +691,24 @@ def _mapping_state(item: object, *, checked: bool) -> MappingState:
     checks = None
     if checked:
         checks = tuple(
-            MappingCheck(Severity(str(_dict(c)["severity"])), str(_dict(c)["message"]))
+            MappingCheck(Severity(_text_of(c, "severity")), _text_of(c, "message"))
             for c in _list(data.get("checks", []))
         )
-    return MappingState(mapping=mapping, digest=str(data["digest"]), checks=checks)
+    return MappingState(mapping=mapping, digest=_text_of(data, "digest"), checks=checks)
+
+
+def _vm_status(data: object) -> VmStatus:
+    values = _dict(data)
+    qmp, name = values.get("qmpstatus"), values.get("name")
+    vmid = values["vmid"]
+    if not isinstance(vmid, int | str) or not str(vmid).isdigit():
+        raise _ShapeError("an integer 'vmid'")
+    return VmStatus(
+        vmid=int(vmid),
+        status=_text_of(values, "status"),
+        qmpstatus=None if qmp is None else str(qmp),
+        name=None if name is None else str(name),
+    )
 
 
 def _flag(value: object) -> bool | None:
@@ -524,17 +719,32 @@ def _guest_config(data: object) -> GuestConfig:
     values = dict(_dict(data))
     digest = values.pop("digest", None)
     if not isinstance(digest, str):
-        raise PveError(500, "config without a digest")
+        raise _ShapeError("a config with a 'digest'")
     return GuestConfig(values=values, digest=digest)
+
+
+def _text_of(data: object, key: str) -> str:
+    """`data[key]` of an object, which must be a string (KeyError when absent)."""
+    value = _dict(data)[key]
+    if not isinstance(value, str):
+        raise _ShapeError(f"a string {key!r}")
+    return value
+
+
+def _strings(data: object) -> list[str]:
+    items = _list(data)
+    if not all(isinstance(item, str) for item in items):
+        raise _ShapeError("a list of strings")
+    return [str(item) for item in items]
 
 
 def _dict(data: object) -> dict[str, object]:
     if not isinstance(data, dict):
-        raise PveError(500, f"expected an object, got {data!r}")
+        raise _ShapeError("an object")
     return {str(key): value for key, value in data.items()}
 
 
 def _list(data: object) -> list[object]:
     if not isinstance(data, list):
-        raise PveError(500, f"expected a list, got {data!r}")
+        raise _ShapeError("a list")
     return list(data)

@@ -11,27 +11,40 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from pvegpu.facts.host_checks import HostChecks
+from pvegpu.facts.pve import PveSetupError, pve_client
 from pvegpu.host_plan import plan_of
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import NodeSpec
+from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
+from pvegpu.plan.node import NodePlan
 from pvegpu.plan.topology import Topology
+from pvegpu.pve import PveError
 from pvegpu.report import render_table
 
 # Where the JSON reports go on the operator's machine (one file per host); relative to the working directory.
 REPORT_DIR_ENV = "PVEGPU_DOCTOR_DIR"
 REPORT_DIR = "pvegpu-doctor"
+REBUILD = "pyinfra inventory.py deploy/rebuild_vm.py"
+_HEALTH_ADVICE = {
+    Health.VALID: "",
+    Health.DRIFT: f" (only bus and group numbers changed: `{REBUILD}` repairs them)",
+    Health.CHANGED: f" (check the hardware, then run `{REBUILD}`)",
+}
 
 
 @deploy("Report the node")
 def node_report() -> None:
-    """The GPU topology and the host checks, from two remote commands (`PciHardware`, `HostChecks`).
+    """The GPU topology and the host checks, from two remote commands (`PciHardware`, `HostChecks`); on a
+    Proxmox node with `vm` data, the health of its VM's PCI mappings, read through the API.
 
     The hardware and topology come from the host's plan (read once per run).
     """
     plan = plan_of(host)
     _gpu_topology(plan.specs.node, plan.topology)
     _host_checks(plan.specs.node, plan.hardware, plan.topology)
+    if plan.is_pve_node and plan.specs.vm is not None:
+        _mapping_health(plan)
 
 
 def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:
@@ -60,3 +73,27 @@ def _host_checks(spec: NodeSpec, hardware: HostHardware, topology: Topology) -> 
     logger.info(
         f"{host.print_prefix}host checks of node {spec.name} (also in {path}):\n{render_checks(rows)}"
     )
+
+
+def _mapping_health(plan: NodePlan) -> None:
+    """Print whether the VM's mappings (`<prefix><N>`) are valid on this node, renumber-only drift, or
+    hardware changed, with one line per GPU: the decision a repair would make (`plan_heal`), never made."""
+    vm, node = plan.specs.vm, plan.specs.node.name
+    assert vm is not None  # the caller's condition
+    subject = f"PCI mappings of VM {vm.vmid} ({vm.name}) on node {node}"
+    try:
+        states = pve_client(host).mappings()
+    except (PveError, PveSetupError) as error:
+        line = error.line if isinstance(error, PveError) else str(error)
+        logger.warning(f"{host.print_prefix}{subject}: not read: {line}")
+        return
+    healed = plan_heal(node, [state.mapping for state in states], plan.hardware, plan.mapping_prefix)
+    if not healed.gpus:
+        logger.warning(
+            f"{host.print_prefix}{subject}: none ({plan.mapping_prefix}<N>) yet; "
+            "`pyinfra inventory.py deploy/vm.py` creates them"
+        )
+        return
+    log = logger.info if healed.health is Health.VALID else logger.warning
+    lines = "".join(f"\n  {line}" for line in healed.findings)
+    log(f"{host.print_prefix}{subject}: {healed.health.value}{_HEALTH_ADVICE[healed.health]}{lines}")

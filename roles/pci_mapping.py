@@ -2,7 +2,7 @@
 
 The nodes of one cluster (hosts whose `pve.cluster` is the same; a host without one is its own cluster)
 share one set of mappings with one `map` line per node, so the first of them (by inventory name) syncs
-them for all, from every node's plan.
+them for all, from every node's plan. Map lines of nodes outside that cluster are someone else's: kept.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ def pci_mapping() -> None:
         logger.info(f"{host.print_prefix}PCI mappings of this cluster are synced by {peers[0].name}")
         return
     plan = plan_of(host)
+    topologies = {plan_of(peer).specs.node.name: plan_of(peer).topology for peer in peers}
     try:
-        desired = plan_mappings(
-            {plan_of(peer).specs.node.name: plan_of(peer).topology for peer in peers}, plan.mapping_prefix
-        )
+        desired = plan_mappings(topologies, plan.mapping_prefix)
     except MappingPlanError as error:
         raise OperationError(f"{host.name}: cannot map the GPUs:\n{error}") from None
     pci_mappings(
@@ -52,4 +51,5 @@ def pci_mapping() -> None:
         desired=desired,
         node=plan.specs.node.name,
         prefix=plan.mapping_prefix,
+        cluster=sorted(topologies),
     )

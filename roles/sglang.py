@@ -4,7 +4,7 @@ System user, venv with the pinned SGLang, model directory (optional download), `
 (0600: the NCCL plan, each variable after its reason) and `sglang.service` from templates; the service
 restarts only when its unit, environment or venv changed, then pvegpu waits for /health and /v1/models.
 A layout that does not fit the GPUs found, an argv the pinned SGLang would refuse, an extra argument the
-profile refuses, or a key file that is missing or breaks the rules of `pvegpu.plan.secret_files` fails while
+profile refuses, or a key file that is missing or breaks the rules of `pvegpu.models.secret_file` fails while
 operations are collected, before any host is changed (a running service keeps running). The keys reach
 SGLang through systemd credentials and a `--config` file (`pvegpu.plan.sglang_service`).
 """

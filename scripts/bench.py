@@ -1,20 +1,37 @@
-"""Benchmark: wall time of a no-op `pyinfra inventory/lab.py deploy/doctor.py` against 1 and 8 lab hosts, and
-the number of remote commands pyinfra runs per host. A benchmark script, not a timed test: these machines are
-noisy, so it reports the median and the minimum of several runs. Run as root, after `bash lab/bootstrap.sh`:
+"""Benchmarks on the lab: a benchmark script, not a timed test (these machines are noisy, so it reports
+medians and minimums of several runs, interleaved where two things are compared). Run as root, after
+`bash lab/bootstrap.sh`:
 
-    .venv/bin/python scripts/bench.py [--hosts 1 8] [--runs 5]
+    .venv/bin/python scripts/bench.py [--hosts 1 8] [--runs 5] [--site-runs 7] [--before DIR]
 
-It starts its own hosts (`bench1`...), refusing to touch hosts it did not start, and stops them at the end.
+1. doctor: a no-op `pyinfra inventory/lab.py deploy/doctor.py` against 1 and 8 lab hosts (`bench1`...), and
+   the remote commands pyinfra runs per host (`--hosts` with no count skips it).
+2. site: a Proxmox lab node (`bench`) and its VM guest (`benchv100`), converged by `deploy/site.py` as
+   `bash scripts/demo.sh` does; then the no-op `deploy/site.py` and pyinfra's floor (scripts/bench_floor.py:
+   one no-op `files.directory` per host) on the same two hosts, interleaved; their ratio; and the remote
+   commands per host on every SSH connection, from one `--debug-all` run: pyinfra's `Running command on
+   <host>` lines, and pvegpu.pve's `Running pvesh on <address>` lines (proxmoxer's connection to the node).
+3. with `--before DIR`, a checkout of an older commit (`git worktree add /tmp/before 3fbdbde`): its no-op
+   `deploy/site.py` (run in DIR with DIR first on PYTHONPATH, so that its pvegpu shadows this checkout's
+   editable install) against this checkout's, interleaved, on the same converged node + guest. Every timed
+   site run must change nothing, else the benchmark stops.
+
+It keeps its hosts in a lab run directory of its own (/run/pvegpu-bench, via PVEGPU_LAB_RUN), so it never
+sees nor stops another lab's hosts; it refuses to start while that directory has hosts, and stops its own at
+the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,70 +40,189 @@ sys.path.insert(0, str(REPO))
 from lab import hosts  # noqa: E402  (the lab package lives in the repository, next to this script)
 
 PYINFRA = Path(sys.executable).with_name("pyinfra")
+RUN_DIR = Path("/run/pvegpu-bench")
+NODE = "bench"
+GUEST = f"{NODE}v100"  # lab.pve.hypervisor.guest_name of inventory/lab.py's VM 100
+SITE = "deploy/site.py"
+FLOOR = "scripts/bench_floor.py"
 COMMAND_LINE = re.compile(r"Running command on (\S+):")
+PVESH_LINE = re.compile(r"Running pvesh on (\S+):")
 REPORT_LINE = re.compile(r"\[(\S+)\] GPU topology of node")
+# pyinfra's summary: op-host pairs, changed, failed, unchanged ("-" for none).
+GRAND_TOTAL = re.compile(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", re.MULTILINE)
+CONVERGE_RUNS = 5
 
 
-def pyinfra(names: list[str], *extra: str) -> str:
-    limits = [arg for name in names for arg in ("--limit", name)]
-    argv = [str(PYINFRA), "inventory/lab.py", "deploy/doctor.py", "-y", *limits, *extra]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+def pyinfra(deploy: str, *extra: str, checkout: Path = REPO) -> tuple[float, str]:
+    """(wall seconds, output) of `pyinfra -y inventory/lab.py DEPLOY` run in `checkout`; SystemExit on
+    failure. Another checkout than this one goes first on PYTHONPATH (its pvegpu, lab and roles)."""
+    argv = [str(PYINFRA), "-y", *extra, "inventory/lab.py", deploy]
+    env = dict(os.environ)
+    if checkout != REPO:
+        env["PYTHONPATH"] = str(checkout)
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
     output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} in {checkout} failed ({done.returncode}):\n{output}")
+    return elapsed, output
+
+
+def changed(output: str) -> str:
+    """The `changed` column of pyinfra's grand total ("-": nothing changed); SystemExit on a failure."""
+    totals = GRAND_TOTAL.findall(output)
+    if len(totals) != 1 or totals[0][2] != "-":
+        raise SystemExit(f"no grand total, or an operation failed:\n{output}")
+    return str(totals[0][1])
+
+
+def unchanged(deploy: str, checkout: Path = REPO) -> float:
+    """Wall seconds of one run of `deploy` that must change nothing."""
+    elapsed, output = pyinfra(deploy, checkout=checkout)
+    if changed(output) != "-":
+        raise SystemExit(f"{deploy} in {checkout} changed something; not a no-op run:\n{output}")
+    return elapsed
+
+
+def table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print()
+
+
+def timing_row(label: str, times: Sequence[float]) -> list[str]:
+    return [label, str(len(times)), f"{statistics.median(times):.2f}", f"{min(times):.2f}"]
+
+
+# ------------------------------------------------------------------------------------------------ doctor
+
+
+def doctor(names: list[str], *extra: str) -> str:
+    limits = [arg for name in names for arg in ("--limit", name)]
+    _, output = pyinfra("deploy/doctor.py", *limits, *extra)
     reported = set(REPORT_LINE.findall(output))
-    if done.returncode != 0 or reported != set(names):
-        raise SystemExit(f"pyinfra failed ({done.returncode}; reports from {sorted(reported)}):\n{output}")
+    if reported != set(names):
+        raise SystemExit(f"doctor reported on {sorted(reported)}, not {names}:\n{output}")
     return output
 
 
-def commands_per_host(names: list[str]) -> dict[str, int]:
-    """Count the remote commands of one run, from pyinfra's own debug log."""
-    counts = dict.fromkeys(names, 0)
-    for match in COMMAND_LINE.finditer(pyinfra(names, "--debug")):
-        counts[match.group(1)] += 1
-    return counts
-
-
-def measure(count: int, runs: int) -> tuple[list[float], dict[str, int]]:
-    names = [f"bench{index}" for index in range(1, count + 1)]
-    taken = sorted(set(names) & {host.name for host in hosts.list_hosts()})
-    if taken:
-        raise SystemExit(f"lab hosts {', '.join(taken)} are up already; stop them first (python -m lab down)")
+def measure_doctor(count: int, runs: int) -> list[str]:
+    names = [f"{NODE}{index}" for index in range(1, count + 1)]
     try:
         for name in names:
             hosts.up(name, "reference")
-        pyinfra(names)  # warm-up: page cache, Python bytecode
+        doctor(names)  # warm-up: page cache, Python bytecode
         times = []
         for _ in range(runs):
             started = time.perf_counter()
-            pyinfra(names)
+            doctor(names)
             times.append(time.perf_counter() - started)
-        return times, commands_per_host(names)
+        counts = Counter(COMMAND_LINE.findall(doctor(names, "--debug")))
     finally:
         for name in names:
             hosts.down(name)
+    per_host = sorted({counts[name] for name in names})
+    return [*timing_row(str(count), times), "/".join(map(str, per_host))]
+
+
+# -------------------------------------------------------------------------------------------------- site
+
+
+def converge_site() -> None:
+    """Bring up the node and run deploy/site.py until a run that had the guest in its inventory changes
+    nothing (run 1: host, mappings, VM; run 2: the guest; run 3: no change)."""
+    up = ["up", NODE, "--topology", "reference", "--pve", "--boot", "grub", "--mode", "nspawn"]
+    done = subprocess.run(
+        [sys.executable, "-m", "lab", *up], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"python -m lab {' '.join(up)} failed ({done.returncode}):\n{done.stderr}")
+    for _ in range(CONVERGE_RUNS):
+        guest_up = GUEST in {host.name for host in hosts.list_hosts()}
+        _, output = pyinfra(SITE)
+        if guest_up and changed(output) == "-":
+            return
+    raise SystemExit(f"{SITE} still changes something after {CONVERGE_RUNS} runs")
+
+
+def remote_commands() -> dict[str, tuple[int, int]]:
+    """Per host of one no-op site run: (commands on pyinfra's connection, pvesh calls on proxmoxer's)."""
+    _, output = pyinfra(SITE, "--debug-all")
+    names = {host.address: host.name for host in hosts.list_hosts()}
+    pyinfra_counts = Counter(COMMAND_LINE.findall(output))
+    pvesh_counts = Counter(names[address] for address in PVESH_LINE.findall(output))
+    return {name: (pyinfra_counts[name], pvesh_counts[name]) for name in (NODE, GUEST)}
+
+
+def interleaved(runs: int, first: tuple[str, Path], second: tuple[str, Path]) -> tuple[list[float], ...]:
+    """`runs` no-op runs of each (deploy, checkout), alternating which goes first, after one warm-up each."""
+    pair = (first, second)
+    for deploy, checkout in pair:
+        unchanged(deploy, checkout)
+    times: tuple[list[float], list[float]] = ([], [])
+    for round_ in range(runs):
+        order = (0, 1) if round_ % 2 == 0 else (1, 0)
+        for index in order:
+            times[index].append(unchanged(*pair[index]))
+    return times
+
+
+def measure_site(runs: int, before: Path | None) -> None:
+    try:
+        converge_site()
+        site, floor = interleaved(runs, (SITE, REPO), (FLOOR, REPO))
+        counts = remote_commands()
+        previous = interleaved(runs, (SITE, before), (SITE, REPO)) if before is not None else None
+    finally:
+        hosts.down_all()
+    print(f"node + VM guest ({NODE}, {GUEST}), no-op runs, interleaved:")
+    ratio = statistics.median(site) / statistics.median(floor)
+    table(
+        [
+            ("run", "runs", "median s", "min s"),
+            timing_row(f"{SITE}, no change", site),
+            timing_row("floor: one no-op files.directory", floor),
+            (f"ratio site / floor: {ratio:.2f}", "", "", ""),
+        ]
+    )
+    print(f"remote commands of a no-op {SITE} run:")
+    rows = [["host", "pyinfra", "pvesh (proxmoxer)", "total"]]
+    rows += [[name, str(ours), str(api), str(ours + api)] for name, (ours, api) in counts.items()]
+    table(rows)
+    if previous is not None and before is not None:
+        revision = subprocess.run(
+            ["git", "-C", str(before), "log", "-1", "--format=%h"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        print(f"{SITE}, no change, before ({before} at {revision}) and after (this checkout), interleaved:")
+        table(
+            [
+                ("checkout", "runs", "median s", "min s"),
+                timing_row(f"before {revision}", previous[0]),
+                timing_row("after", previous[1]),
+            ]
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 8], help="host counts to measure")
-    parser.add_argument("--runs", type=int, default=5, help="timed runs per host count")
+    parser.add_argument("--hosts", type=int, nargs="*", default=[1, 8], help="doctor: host counts")
+    parser.add_argument("--runs", type=int, default=5, help="doctor: timed runs per host count")
+    parser.add_argument("--site-runs", type=int, default=7, help="site: timed runs of each deploy")
+    parser.add_argument("--before", type=Path, help="site: an older checkout to compare the no-op run with")
     args = parser.parse_args()
-    rows = [("hosts", "runs", "median s", "min s", "remote commands per host")]
-    for count in args.hosts:
-        times, commands = measure(count, args.runs)
-        per_host = sorted(set(commands.values()))
-        rows.append(
-            (
-                str(count),
-                str(len(times)),
-                f"{statistics.median(times):.2f}",
-                f"{min(times):.2f}",
-                "/".join(str(n) for n in per_host),
-            )
+    os.environ["PVEGPU_LAB_RUN"] = str(RUN_DIR)  # lab.hosts and every pyinfra run read it
+    if hosts.list_hosts():
+        raise SystemExit(
+            f"{RUN_DIR} has lab hosts; stop them: PVEGPU_LAB_RUN={RUN_DIR} python -m lab down --all"
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    if args.hosts:
+        print(f"no-op deploy/doctor.py (median of {args.runs}):")
+        rows = [["hosts", "runs", "median s", "min s", "remote commands per host"]]
+        rows += [measure_doctor(count, args.runs) for count in args.hosts]
+        table(rows)
+    measure_site(args.site_runs, args.before.resolve() if args.before else None)
     return 0
 
 

@@ -9,7 +9,14 @@ pvegpu makes, the way `pvesh` does (shared/knowledge/proxmox-api-behaviour.md is
 - success: compact JSON with sorted keys + "\\n" on stdout (nothing for calls that return null); handler
   output (qemu PUT's `update VM ...`, task output) comes first;
 - async calls (VM create, start, stop, shutdown) run to completion, then print their UPID; a failed task
-  prints its error on stderr and still exits 0; `GET /nodes/{node}/tasks/{upid}/status` reads the log;
+  prints its error on stderr and still exits 0; `GET /nodes/{node}/tasks/{upid}/status` reads the log,
+  which the worker writes as it runs: a worker killed mid-way (pvesh killed) leaves a log without a
+  `TASK ...` line, its status is then `stopped` with exitstatus `unexpected status`, as in Proxmox;
+  `GET /nodes/{node}/tasks` lists the tasks (newest first; `vmid`, `typefilter`, `source`, `limit`);
+- a VM/CT create writes the stub config `lock: create` before its worker runs, and the worker replaces it
+  with the final config; every write and start refuses a locked guest (`VM is locked (create)`) until the
+  lock is removed (`qm unlock <vmid>` / `pct unlock <vmid>` on a real node; in the lab: `pvesh set
+  .../config --delete lock --skiplock 1`);
 - errors: `400 Parameter verification failed.` + one `<param>: <msg>` line each + the usage line; plain
   `die` texts; `Unknown option: <name>`; `No '<cmd>' handler defined for '<path>'` (exit 1); else exit 255.
 
@@ -59,7 +66,7 @@ USAGE: pvesh <get|set|create|delete> <api_path> [OPTIONS] [--output-format json|
 Endpoints: /version, /cluster/mapping/pci[/{id}], /nodes/{node}/qemu,
 /nodes/{node}/qemu/{vmid}/config, /nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},
 /nodes/{node}/lxc[/{vmid}/config|/{vmid}/status/{current|start|stop}],
-/nodes/{node}/tasks/{upid}/status
+/nodes/{node}/tasks, /nodes/{node}/tasks/{upid}/status
 """
 CMDS = {"get": "GET", "set": "PUT", "create": "POST", "delete": "DELETE"}
 Json = Any
@@ -725,10 +732,11 @@ def run_task(
     upid = f"UPID:{settings.node}:{pid:08X}:{_pstart(pid):08X}:{starttime}:{task_type}:{task_id}:{USER}:"
     log_path = task_log_path(settings, upid, starttime)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
+    log_path.write_text("")  # the log exists while the task runs: a killed worker leaves it unfinished
 
     def emit(line: str) -> None:
-        lines.append(line + "\n")
+        with log_path.open("a") as log:
+            log.write(line + "\n")
         sys.stdout.write(line + "\n")
 
     status = "OK"
@@ -741,7 +749,8 @@ def run_task(
         status = message.replace("\n", " ")
         sys.stderr.write(status + "\n")
         ending = f"\nTASK ERROR: {status}\n"
-    log_path.write_text("".join(lines) + ending)
+    with log_path.open("a") as log:
+        log.write(ending)
     with settings.path("/var/log/pve/tasks/index").open("a") as index:
         index.write(f"{upid} {int(time.time()):08X} {status}\n")
     return upid
@@ -784,6 +793,32 @@ def get_task_status(call: Call) -> Json:
         else:
             result["exitstatus"] = "unexpected status"
     return result
+
+
+def list_tasks(call: Call) -> Json:
+    """`GET /nodes/{node}/tasks`: every task with a log, newest first; an ended one (its log has a `TASK`
+    line, or its process is gone) with `status` (its exit status, as the status endpoint gives it) and
+    `endtime` (the log's mtime). Filters: `vmid`, `typefilter`, `limit` (default 50); `source` is accepted,
+    every task being listed (this stand-in keeps no separate active list)."""
+    tasks = []
+    for log_path in call.settings.path("/var/log/pve/tasks").glob("*/UPID:*"):
+        upid = log_path.name
+        match = UPID_RE.fullmatch(upid)
+        if match is None:
+            continue
+        task = get_task_status(Call(call.settings, {"upid": upid}, {}))
+        if "vmid" in call.params and task["id"] != str(call.params["vmid"]):
+            continue
+        if call.params.get("typefilter") not in (None, task["type"]):
+            continue
+        entry = {
+            key: task[key] for key in ("upid", "node", "pid", "pstart", "starttime", "type", "id", "user")
+        }
+        if task["status"] == "stopped":
+            entry.update(status=task["exitstatus"], endtime=int(log_path.stat().st_mtime))
+        tasks.append(entry)
+    tasks.sort(key=lambda task: (task["starttime"], task["upid"]), reverse=True)
+    return tasks[: int(call.params.get("limit", 50))]
 
 
 # --- endpoints: version --------------------------------------------------------------------------------
@@ -1025,9 +1060,18 @@ def _config_keys(params: dict[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in params.items() if k not in skip}
 
 
-def _allocate_disks(call: Call, conf: dict[str, str], emit: Callable[[str], None]) -> None:
+def _print_line(line: str) -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _next_disk(conf: GuestConfig) -> int:
+    """The number of the next `vm-<vmid>-disk-<N>` volume: one past every volume the config names."""
+    numbers = [int(n) for value in conf.main.values() for n in re.findall(r":vm-\d+-disk-(\d+)", value)]
+    return max(numbers, default=-1) + 1
+
+
+def _allocate_disks(call: Call, conf: dict[str, str], emit: Callable[[str], None], disk: int = 0) -> None:
     vmid = call.path_params.get("vmid") or str(call.params["vmid"])
-    disk = 0
     keys = sorted(k for k in conf if re.fullmatch(r"(efidisk|scsi|virtio|sata|ide)\d+", k))
     keys.sort(key=lambda k: not k.startswith("efidisk"))
     for key in keys:
@@ -1150,6 +1194,9 @@ def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
             raise DieError(f"VM is locked ({conf.main['lock']})\n")
         shown = {**changes, **({"delete": ",".join(deletes)} if deletes else {})}
         sys.stdout.write(f"update VM {vmid}: " + " ".join(f"-{k} {shown[k]}" for k in sorted(shown)) + "\n")
+        # As qemu-server's update: a `<storage>:<GiB>` disk is allocated, a new NIC gets a MAC.
+        _allocate_disks(call, changes, _print_line, _next_disk(conf))
+        _add_macs(vmid, changes)
         running = _is_running(call)
         for key in deletes:
             if key not in conf.main and key not in conf.pending:
@@ -1656,6 +1703,20 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
         Endpoint("POST", {"skiplock": BOOL, "overrule-shutdown": BOOL}, stop_lxc),
     ),
     ("get", r"nodes/(?P<node>[^/]+)/tasks/(?P<upid>[^/]+)/status", Endpoint("GET", {}, get_task_status)),
+    (
+        "get",
+        r"nodes/(?P<node>[^/]+)/tasks",
+        Endpoint(
+            "GET",
+            {
+                "vmid": P(type="integer", minimum=100),
+                "typefilter": P(),
+                "source": P(enum=("archive", "active", "all")),
+                "limit": P(type="integer", minimum=0),
+            },
+            list_tasks,
+        ),
+    ),
 ]
 PATH_PARAMS: dict[str, P] = {
     "node": NODE_P,

@@ -14,7 +14,7 @@ from pvegpu.models.boot import CpuKernel
 # /proc/cpuinfo `vendor_id` (x86 only) -> the vendor word of the kernel's `<vendor>_iommu=` parameter.
 VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
 _VENDOR_LINE = re.compile(r"vendor_id\s*:\s*(\S+)")
-_RELEASE = re.compile(r"(\d+)\.(\d+)\S*")
+_RELEASE = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})\S*")  # bounded: int() refuses 4300+ digits
 
 
 class CpuAndKernel(FactBase[CpuKernel]):

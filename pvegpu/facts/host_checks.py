@@ -19,8 +19,10 @@ from pvegpu.facts.sections import marker, split_sections
 from pvegpu.models.host_checks import HostCheckData, IdleState
 
 _SECTIONS = ("interrupts", "cpuidle", "numa", "config", "end")
-_CPUIDLE = re.compile(r".*/cpuidle/state(\d+)/(name|disable):(.*)")
-_NUMA = re.compile(r".*/node/node(\d+)/cpulist:(.*)")
+# Numbers at most 9 (a count 18) ASCII digits: the kernel prints none longer, and int() refuses 4300+.
+_CPUIDLE = re.compile(r".*/cpuidle/state([0-9]{1,9})/(name|disable):(.*)")
+_NUMA = re.compile(r".*/node/node([0-9]{1,9})/cpulist:(.*)")
+_COUNT = re.compile(r"[0-9]{1,18}")
 _CONFIG = re.compile(r"([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ?([0-9a-f]*)")
 
 
@@ -56,7 +58,7 @@ def parse_host_checks(lines: Sequence[str]) -> HostCheckData:
     """Output of `HostChecks().command(...)` -> HostCheckData. Pure; FactParseError names the bad line."""
     sections = split_sections(lines, _SECTIONS)
     counts = [line.strip() for _, line in sections["interrupts"] if line.strip()]
-    if len(counts) != 1 or not counts[0].isdigit():
+    if len(counts) != 1 or not _COUNT.fullmatch(counts[0]):
         raise FactParseError(f"interrupts: expected one count, got {counts!r}")
     names: dict[int, str] = {}
     disabled: dict[int, bool] = {}

@@ -51,6 +51,9 @@ def parse_nvidia_nodes(lines: Sequence[str]) -> NvidiaNodes:
     return NvidiaNodes(caps=tuple(caps), majors=parse_proc_devices([line for _, line in sections["devices"]]))
 
 
+_MAJOR = re.compile(r"[0-9]{1,9}")  # ASCII digits: str.isdigit() takes "²", which int() refuses
+
+
 def parse_proc_devices(lines: Sequence[str]) -> dict[str, int]:
     """Character device name -> major from /proc/devices (`Character devices:` section; `195 nvidia`)."""
     majors: dict[str, int] = {}
@@ -61,7 +64,7 @@ def parse_proc_devices(lines: Sequence[str]) -> dict[str, int]:
             section = text
             continue
         words = text.split()
-        if section == "Character devices:" and len(words) == 2 and words[0].isdigit():
+        if section == "Character devices:" and len(words) == 2 and _MAJOR.fullmatch(words[0]):
             majors.setdefault(words[1], int(words[0]))
     return majors
 

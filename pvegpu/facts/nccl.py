@@ -25,10 +25,12 @@ from typing import Literal
 
 from pvegpu.facts.errors import FactParseError
 
-# The rank's bracket holds the NVML device (NCCL >= 2.18.3) or the busId in hex (older): 1[21000].
+# The rank's bracket holds the NVML device (NCCL >= 2.18.3) or the busId in hex (older): 1[21000]. Numbers
+# are at most 9 ASCII digits: NCCL prints none longer, and int() refuses 4300+ (such a line is not NCCL's).
 _CHANNEL = re.compile(
-    r"NCCL INFO (?:Channel|Ring) (?P<channel>\d+)(?:/(?P<connection>\d+))? : "
-    r"(?P<src>\d+)\[(?P<src_device>[0-9a-fA-F]+)\] -> (?P<dst>\d+)\[(?P<dst_device>[0-9a-fA-F]+)\]"
+    r"NCCL INFO (?:Channel|Ring) (?P<channel>[0-9]{1,9})(?:/(?P<connection>[0-9]{1,9}))? : "
+    r"(?P<src>[0-9]{1,9})\[(?P<src_device>[0-9a-fA-F]+)\] -> "
+    r"(?P<dst>[0-9]{1,9})\[(?P<dst_device>[0-9a-fA-F]+)\]"
     r"(?: \[(?P<direction>send|receive)\])? via (?P<detail>.+?)\s*$"
 )
 _P2P = re.compile(r"P2P/(?:IPC|CUMEM|MNNVL|direct pointer|indirect/\d+\[[0-9a-fA-F]+\])(?:/read)?(?:/CE)?")

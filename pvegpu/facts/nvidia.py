@@ -28,7 +28,8 @@ _MODULE = re.compile(
     r"(?P<version>\d+\.\d+(?:\.\d+)?)\s"
 )
 _GPU = re.compile(
-    r"(?P<index>\d+), (?P<name>.+), (?P<bus>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d), (?P<v>\S+)"
+    r"(?P<index>[0-9]{1,9}), (?P<name>.+), "
+    r"(?P<bus>[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d), (?P<v>\S+)"
 )
 
 

@@ -20,7 +20,7 @@ Warnings carry SectionConfig's prefix `file <filename> line <n>`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pvegpu.models.pve import CONFIG_ID, DESCRIPTION_MAX, MapEntryError, PciMapping, parse_map_entry
@@ -202,3 +202,34 @@ def render_pci_cfg(mappings: Sequence[PciMapping]) -> str:
 
 def _bit(value: bool | None) -> str | None:
     return None if value is None else str(int(value))
+
+
+def replace_map_lines(text: str, replacements: Mapping[tuple[str, str], str]) -> str:
+    """`text` with, for each `(section id, old entry): new entry`, that section's `map` line holding `old`
+    rewritten to hold `new`; every other byte (comments, indentation, other sections, order) as it was.
+
+    Sections are found with the parser's grammar (a header opens one, an empty line ends it). Raises
+    ValueError naming the first replacement whose line is not there exactly once.
+    """
+    lines = text.split("\n")
+    found: dict[tuple[str, str], int] = dict.fromkeys(replacements, 0)
+    section: str | None = None
+    for number, line in enumerate(lines):
+        if _COMMENT.match(line):
+            continue
+        if line == "":
+            section = None
+            continue
+        if section is None:
+            header = _HEADER.fullmatch(line)
+            section = header[1] if header else None
+            continue
+        match = _PROPERTY.fullmatch(line)
+        if match is None or match[1] != "map" or (section, match[3]) not in replacements:
+            continue
+        found[section, match[3]] += 1
+        lines[number] = line[: match.start(3)] + replacements[section, match[3]] + line[match.end(3) :]
+    for (section_id, old), count in found.items():
+        if count != 1:
+            raise ValueError(f"section {section_id} has {count} map lines {old!r}, not one")
+    return "\n".join(lines)

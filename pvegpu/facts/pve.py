@@ -8,18 +8,33 @@ when pyinfra executes; `--dry` prepares without executing, so it reads but never
 
 `pve_client` builds the client from the host's `pve` data (`PveApiSpec`), falling back to the host's own
 SSH settings for the `ssh` backend, and caches one per host for the run. The token secret is read from
-its file, which must be mode 0600 (else refused); it is never logged or put in an error message.
+its file on this machine, which must meet the rules of a secret file (`pvegpu.models.secret_file`: regular,
+owned by root or the user running pyinfra, mode 0600 or stricter, one non-empty line), else refused; the
+secret is never logged or put in an error message.
 """
 
 from __future__ import annotations
 
-import stat
-from pathlib import Path
+import copy
+import os
+import re
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pvegpu.facts.secret_files import read_local_secret
 from pvegpu.models.inventory import spec_of
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
-from pvegpu.pve import PveClient, connect_https, connect_local, connect_ssh
+from pvegpu.models.secret_file import secret_file_problems
+from pvegpu.pve import (
+    Method,
+    Params,
+    PveClient,
+    PveError,
+    Transport,
+    connect_https,
+    connect_local,
+    connect_ssh,
+)
 
 _CLIENTS: dict[str, PveClient] = {}
 
@@ -34,18 +49,18 @@ def api_spec(data: Any) -> PveApiSpec:
 
 
 def read_token(path: str) -> str:
-    """The secret in `path`; refused unless the file is a regular file only its owner can read (0600)."""
-    file = Path(path)
+    """The secret in `path` (`pve.token_file`), its final newline removed.
+
+    Raises PveSetupError, one `pve.token_file: <path> ...` line per broken rule (module docstring), naming
+    the file, never the secret."""
     try:
-        mode = file.stat().st_mode
+        observed, content = read_local_secret(path)
     except OSError as error:
-        raise PveSetupError(f"pve.token_file {path}: {error.strerror}") from None
-    if not stat.S_ISREG(mode) or stat.S_IMODE(mode) & 0o077:
-        raise PveSetupError(f"pve.token_file {path}: must be a regular file with mode 0600")
-    secret = file.read_text().strip()
-    if not secret:
-        raise PveSetupError(f"pve.token_file {path}: is empty")
-    return secret
+        raise PveSetupError(f"pve.token_file: {path} cannot be read: {error.strerror or error}") from None
+    problems = secret_file_problems("pve.token_file", observed, for_sglang=False, operator_uid=os.getuid())
+    if problems:
+        raise PveSetupError("\n".join(problems))
+    return content.decode("ascii").removesuffix("\n")  # the rules let one line of visible ASCII through
 
 
 def connect(spec: PveApiSpec, data: Any) -> PveClient:
@@ -77,8 +92,47 @@ def connect(spec: PveApiSpec, data: Any) -> PveClient:
 
 
 def pve_client(host: Any) -> PveClient:
-    """The cached client of pyinfra `host` (one connection per host and run)."""
+    """The cached client of pyinfra `host`: one connection per host and run, its resource reads shared
+    (`shared_reads`)."""
     client = _CLIENTS.get(host.name)
     if client is None:
-        client = _CLIENTS[host.name] = connect(api_spec(host.data), host.data)
+        client = _CLIENTS[host.name] = shared_reads(connect(api_spec(host.data), host.data))
     return client
+
+
+# What only a write changes: a guest's config, the PCI mappings. A status or a task changes by itself.
+_SHARED = re.compile(r"/cluster/mapping/pci(/[^/]+)?|/nodes/[^/]+/(qemu|lxc)/\d+/config")
+
+
+def shared_reads(client: PveClient) -> PveClient:
+    """`client`, each read of a config or of the PCI mappings sent once per path and parameters until the
+    client writes: the operations of a run that need one resource (the VM config: the config and the start
+    operations) share one read, its answer or its PveError, with its digest.
+
+    Any write (POST, PUT, DELETE) drops every shared answer, so what follows a write reads it back. Status
+    and task reads always go to Proxmox (waits poll them). A concurrent edit by someone else is caught as
+    before: every write carries the digest of the read it was diffed against.
+    """
+    return replace(client, call=_SharedReads(client.call))
+
+
+@dataclass
+class _SharedReads:
+    call: Transport
+    answers: dict[str, object] = field(default_factory=dict)
+
+    def __call__(self, method: Method, path: str, params: Params) -> object:
+        if method != "GET":
+            self.answers.clear()
+        if method != "GET" or _SHARED.fullmatch(path) is None:
+            return self.call(method, path, params)
+        key = repr((path, list(params.items())))
+        if key not in self.answers:
+            try:
+                self.answers[key] = self.call(method, path, params)
+            except PveError as error:
+                self.answers[key] = error
+        answer = self.answers[key]
+        if isinstance(answer, PveError):
+            raise answer
+        return copy.deepcopy(answer)  # a caller may change what it got

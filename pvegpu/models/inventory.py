@@ -25,6 +25,7 @@ from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.fields import AbsolutePath, PciId, shown
 from pvegpu.models.host import HOST_KEY, HostSpec
+from pvegpu.models.host_keys import host_key_warnings
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
@@ -123,6 +124,9 @@ ROLE_SPECS: dict[str, type[BaseModel]] = {
 # `pve_hots`, `nodes`, `sglnag`, `vms`, `Node` are; pyinfra's `ssh_*` and `_*` keys are not.
 _NEAR_ROLE_KEY = 0.7
 
+# Host key warnings already printed in this process.
+_WARNED: set[str] = set()
+
 HostEntry = str | tuple[str, object]
 H = TypeVar("H", bound=Sequence[HostEntry])
 SpecT = TypeVar("SpecT", bound=BaseModel)
@@ -162,7 +166,8 @@ def exit_on_invalid(hosts: H) -> H:
     """Return `hosts` unchanged if valid; else print the problem lines to stderr and exit with status 2.
 
     For inventory files, so that bad data stops pyinfra before it connects anywhere:
-    `pve_hosts = exit_on_invalid([("pve1", {"node": {...}})])`.
+    `pve_hosts = exit_on_invalid([("pve1", {"node": {...}})])`. A valid host whose data turns SSH host key
+    checking off gets a warning line on stderr (`pvegpu.models.host_keys`), once per run.
     """
     try:
         validate_inventory(hosts)
@@ -170,6 +175,10 @@ def exit_on_invalid(hosts: H) -> H:
         for line in error.problems:
             print(line, file=sys.stderr)
         raise SystemExit(2) from None
+    for warning in host_key_warnings(hosts):
+        if warning not in _WARNED:  # inventories validate a host once per group it is in
+            _WARNED.add(warning)
+            print(warning, file=sys.stderr)
     return hosts
 
 

@@ -26,6 +26,7 @@ _PCI_PATH = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
 PCI_PATH = re.compile(rf"(?:{_PCI_PATH};)*{_PCI_PATH}")
 PCI_ID = re.compile(r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}")
 INTEGER = re.compile(r"[+-]?\d+")
+_GROUP_DIGITS = 18
 DESCRIPTION_MAX = 4096
 MAP_REQUIRED = ("id", "node", "path")
 MAP_OPTIONAL = ("description", "iommugroup", "subsystem-id")
@@ -115,10 +116,19 @@ def _map_value_problem(key: str, value: str) -> str | None:
         return "value does not match the regex pattern"
     if key in ("id", "subsystem-id") and not PCI_ID.fullmatch(value):
         return "value does not match the regex pattern"
-    if key == "iommugroup" and not INTEGER.fullmatch(value):
-        return f"type check ('integer') failed - got '{value}'"
+    if key == "iommugroup":
+        return _group_problem(value)
     if key == "description" and len(value) > DESCRIPTION_MAX:
         return f"value may only be {DESCRIPTION_MAX} characters long"
+    return None
+
+
+def _group_problem(value: str) -> str | None:
+    if not INTEGER.fullmatch(value):
+        return f"type check ('integer') failed - got '{value}'"
+    if len(value) > _GROUP_DIGITS:
+        # Proxmox's check takes any length; Python will not read one this long (and no group is that big).
+        return f"{len(value)} characters: an IOMMU group number has at most {_GROUP_DIGITS}"
     return None
 
 

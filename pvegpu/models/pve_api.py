@@ -5,7 +5,8 @@
 
 Backends (pvegpu/pve.py): `ssh` (default) runs `pvesh` on the node over SSH with the host's own pyinfra SSH
 settings (`ssh_hostname`, `ssh_user`, `ssh_key`, `ssh_known_hosts_file`) unless given here; the host key
-must be known. `https` uses an API token whose secret is read from `token_file` (mode 0600, never printed).
+must be known. `https` uses an API token whose secret is read from `token_file` on the machine running
+pyinfra (the secret-file rules of `pvegpu.models.secret_file`; never printed).
 `local` runs `pvesh` on the machine running pyinfra (which must be the node).
 """
 
@@ -56,7 +57,11 @@ class PveApiSpec(BaseModel):
         default=None, description="API token id `user@realm!name` (`https`)."
     )
     token_file: AbsolutePath | None = Field(
-        default=None, description="File holding the API token secret, mode 0600 (`https`); never printed."
+        default=None,
+        description=(
+            "File on the machine running pyinfra holding the API token secret (`https`): one line, a regular "
+            "file owned by root or that user, mode 0600 or stricter; never printed."
+        ),
     )
     ca_file: AbsolutePath | None = Field(
         default=None, description="CA bundle the node's certificate is verified against (`https`)."

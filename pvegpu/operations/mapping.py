@@ -2,20 +2,28 @@
 
 Read while the operation is prepared: `GET /cluster/mapping/pci?check-node=<node>` (Proxmox's own live check
 of each mapping on this node). `diff_mappings` decides per pvegpu mapping: create (POST), update (PUT) or
-unchanged; ids outside the `<prefix><N>` scheme are never touched. Each change is logged while preparing
-(so `--dry` shows it: per GPU and node, old -> new address and IOMMU group) and carried out while
-executing by a function command:
+unchanged; ids outside the `<prefix><N>` scheme are never touched, nor map lines of nodes outside `cluster`
+(kept verbatim and logged: `gpu0 pve2: keep 0000:21:00 group 9 (10de:2bb1), not a node of this inventory's
+cluster`). Each change is logged while preparing (so `--dry` shows it: per GPU and node, old -> new address
+and IOMMU group) and carried out while executing by an `api_command`:
 
 - create: `POST`; an id someone created meanwhile fails with Proxmox's `already defined` error;
 - update: the mapping is read again, must still hold what was diffed (else: changed by someone else, not
   overwritten), and is PUT with the digest of that read. The digest covers the whole pci.cfg, so a
   concurrent edit anywhere in it fails the PUT with Proxmox's `detected modified configuration` error and
   nothing is written.
+
+Every write is read back (`GET /cluster/mapping/pci/<id>`), and what is said follows what that shows, not
+what the write answered: the planned map -> done (a write that failed after Proxmox wrote: a warning);
+absent / unchanged -> `not created` / `not updated, nothing overwritten`, with the write's endpoint and
+answer; anything else -> what it holds and what was sent; a failed read-back -> the outcome is unknown.
+A failed read names the endpoint and what came back (`PveError.line`); nothing is written after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
+from dataclasses import replace
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
@@ -24,30 +32,39 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.models.pve import MapEntry, MapEntryError, MappingState, PciMapping, Severity, parse_map_entry
+from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.plan.mapping import Action, MappingChange, diff_mappings, managed_index
 from pvegpu.pve import PveClient, PveError
 
 
 @operation()
+@one_line_errors
 def pci_mappings(
-    *, api: PveClient, desired: Sequence[PciMapping], node: str, prefix: str
+    *, api: PveClient, desired: Sequence[PciMapping], node: str, prefix: str, cluster: Collection[str]
 ) -> Generator[FunctionCommand, None, None]:
-    """Converge the mappings Proxmox holds to `desired` (from `plan_mappings`), checked on `node`."""
-    states = api.mappings(check_node=node)
+    """Converge the mappings Proxmox holds to `desired` (from `plan_mappings` over the nodes `cluster`),
+    checked on `node`; map lines of other nodes are kept."""
+    try:
+        states = api.mappings(check_node=node)
+    except PveError as error:
+        raise OperationError(f"PCI mappings not read: {error.line}; nothing written") from None
     for state in states:
         _log_checks(state, node, prefix)
-    changes = diff_mappings(desired, [state.mapping for state in states], prefix)
+    changes = diff_mappings(desired, [state.mapping for state in states], prefix, cluster=cluster)
     by_id = {mapping.id: mapping for mapping in desired}
     pending = [change for change in changes if change.action is not Action.UNCHANGED]
     # All of it is logged before the first command: change detection (--dry) stops at the first one.
+    for line in [line for change in changes for line in describe_kept(change)]:
+        logger.info(f"{host.print_prefix}{line}")
     for change in pending:
         for line in describe(change):
             logger.info(f"{host.print_prefix}{line}")
     for change in pending:
+        whole = replace(by_id[change.id], map=change.map)
         if change.action is Action.CREATE:
-            yield FunctionCommand(_create, (api, by_id[change.id]), {})
+            yield api_command(_create, api, whole)
         else:
-            yield FunctionCommand(_update, (api, by_id[change.id], change.current), {})
+            yield api_command(_update, api, whole, change.current)
     if not pending:
         invalid = [s for s in states if s.mapping.id in by_id and _errors(s)]
         if invalid:
@@ -76,6 +93,15 @@ def describe(change: MappingChange) -> list[str]:
     unreadable = [text for text in change.current if _parsed(text) is None]
     lines.extend(f"{change.id}: replace unreadable entry {text!r}" for text in unreadable)
     return lines or [f"{change.id}: rewrite {len(change.map)} map entries"]
+
+
+def describe_kept(change: MappingChange) -> list[str]:
+    """One line per kept entry of a node outside the cluster: `gpu0 pve2: keep 0000:21:00 group 9
+    (10de:2bb1), not a node of this inventory's cluster`."""
+    return [
+        f"{change.id} {node}: keep {_where(entry)}, not a node of this inventory's cluster"
+        for node, entry in sorted(_entries(change.kept).items())
+    ]
 
 
 def _where(entry: MapEntry) -> str:
@@ -108,22 +134,78 @@ def _log_checks(state: MappingState, node: str, prefix: str) -> None:
 
 
 def _create(api: PveClient, mapping: PciMapping) -> None:
-    try:
-        api.create_mapping(mapping)
-    except PveError as error:
-        raise OperationError(f"mapping {mapping.id} not created: {error.message}") from None
+    endpoint = "POST /cluster/mapping/pci"
+    failure = _attempt(lambda: api.create_mapping(mapping))
+    now = _read_back(api, mapping, failure, endpoint, "created")
+    if now is not None and now.mapping.map == mapping.map:
+        _accepted(mapping.id, failure)
+        return
+    said = _said(failure, endpoint)
+    if now is None:
+        found = "" if failure else f", but GET /cluster/mapping/pci/{mapping.id} finds no such mapping"
+        raise OperationError(f"mapping {mapping.id} not created: {said}{found}")
+    raise OperationError(_not_ours(mapping, now, said))
 
 
 def _update(api: PveClient, mapping: PciMapping, seen: tuple[str, ...]) -> None:
-    now = api.mapping(mapping.id)
+    try:
+        now = api.mapping(mapping.id)
+    except PveError as error:
+        raise OperationError(f"mapping {mapping.id} not updated: {error.line}; nothing written") from None
     if now is None or now.mapping.map != seen:
         held = "gone" if now is None else f"now {list(now.mapping.map)}"
         raise OperationError(
             f"mapping {mapping.id} changed since pvegpu read it ({held}): not overwritten; run again"
         )
+    endpoint = f"PUT /cluster/mapping/pci/{mapping.id}"
+    failure = _attempt(lambda: api.update_mapping(mapping, now.digest))
+    after = _read_back(api, mapping, failure, endpoint, "updated")
+    if after is not None and after.mapping.map == mapping.map:
+        _accepted(mapping.id, failure)
+        return
+    said = _said(failure, endpoint)
+    if after is not None and after.digest == now.digest:
+        unchanged = "" if failure else ", but reading it back shows it unchanged"
+        raise OperationError(f"mapping {mapping.id} not updated, nothing overwritten: {said}{unchanged}")
+    raise OperationError(_not_ours(mapping, after, said))
+
+
+def _attempt(write: Callable[[], None]) -> PveError | None:
+    """Run `write`; its PveError, None when it answered without one (which proves nothing yet)."""
     try:
-        api.update_mapping(mapping, now.digest)
+        write()
+    except PveError as error:
+        return error
+    return None
+
+
+def _said(failure: PveError | None, endpoint: str) -> str:
+    return failure.line if failure is not None else f"{endpoint} answered without an error"
+
+
+def _read_back(
+    api: PveClient, mapping: PciMapping, failure: PveError | None, endpoint: str, done: str
+) -> MappingState | None:
+    """The mapping as Proxmox holds it after a write; a failed read says the outcome is unknown."""
+    try:
+        return api.mapping(mapping.id)
     except PveError as error:
         raise OperationError(
-            f"mapping {mapping.id} not updated, nothing overwritten: {error.message}"
+            f"mapping {mapping.id}: {_said(failure, endpoint)}; reading it back failed: {error.line}; "
+            f"whether it was {done} is unknown, nothing more written; run again"
         ) from None
+
+
+def _accepted(mapping_id: str, failure: PveError | None) -> None:
+    if failure is not None:
+        logger.warning(
+            f"{host.print_prefix}mapping {mapping_id}: {failure.line}; reading it back shows it as planned"
+        )
+
+
+def _not_ours(mapping: PciMapping, now: MappingState | None, said: str) -> str:
+    held = "is gone" if now is None else f"holds {list(now.mapping.map)}"
+    return (
+        f"mapping {mapping.id} {held} after {said}: not what pvegpu sent ({list(mapping.map)}); "
+        "nothing more written; run again"
+    )

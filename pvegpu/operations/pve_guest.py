@@ -5,13 +5,15 @@ both share, written once and told apart by a `GuestKind` (which API calls, which
 - `converge`: create the guest (every key, the task waited for) when it does not exist, else PUT only the
   keys that differ with the digest of the read they were diffed against: a concurrent edit fails with
   Proxmox's error (`checksum mismatch` for a VM, `detected modified configuration` for a container) and
-  nothing is written. An existing guest (with its disks) is never recreated;
+  nothing is written. An existing guest (with its disks) is never recreated. Every write is read back and
+  diffed again: what is said (created, updated, `nothing overwritten`) is what reading back shows, whatever
+  the write answered (an error after Proxmox wrote, success from an endpoint that wrote nothing);
 - `guest_running`: started, the task waited for, then until the guest reports running;
 - `guest_parked`: for a profile that does not use it, `onboot: 0` and stopped, so the next profile gets
   the GPUs; never deleted.
 
-Reads happen while preparing; writes are function commands run while executing, so `--dry` shows the
-change (logged) without making it.
+Reads happen while preparing; writes are `api_command`s run while executing, so `--dry` shows the
+change (logged) without making it. Every API error names the endpoint and what came back (`PveError.line`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pyinfra.api.state import State
 from pyinfra.context import host
 
 from pvegpu.models.pve import GuestConfig
+from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.plan.guest_leftovers import unfinished
 from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -37,11 +41,14 @@ from pvegpu.wait import WaitTimeoutError, wait_until
 @dataclass(frozen=True)
 class GuestKind:
     """What tells a VM from a container in the steps they share: the noun Proxmox and pvegpu name it with
-    in messages (`VM 100`, `CT 200`), the word for it in sentences about who holds the GPUs, and its API
-    calls (PveClient methods, unbound)."""
+    in messages (`VM 100`, `CT 200`), the word for it in sentences about who holds the GPUs, its API path
+    segment (`qemu`, `lxc`), the node's command for it (`qm`, `pct`), and its API calls (PveClient
+    methods, unbound)."""
 
     noun: str
     holder: str
+    path: str
+    cli: str
     config: Callable[[PveClient, str, int], GuestConfig]
     create: Callable[[PveClient, str, int, Params], str]
     update: Callable[[PveClient, str, int, Params, str, Sequence[str]], None]
@@ -57,6 +64,8 @@ def _vm_status(api: PveClient, node: str, vmid: int) -> str:
 VM = GuestKind(
     noun="VM",
     holder="VM",
+    path="qemu",
+    cli="qm",
     config=PveClient.vm_config,
     create=PveClient.create_vm,
     update=PveClient.update_vm_config,
@@ -67,6 +76,8 @@ VM = GuestKind(
 CT = GuestKind(
     noun="CT",
     holder="container",
+    path="lxc",
+    cli="pct",
     config=PveClient.lxc_config,
     create=PveClient.create_lxc,
     update=PveClient.update_lxc_config,
@@ -103,6 +114,53 @@ class Guest:
         """`running` or `stopped`."""
         return self.kind.status(self.api, self.node, self.vmid)
 
+    @property
+    def config_endpoint(self) -> str:
+        return f"/nodes/{self.node}/{self.kind.path}/{self.vmid}/config"
+
+    def read_config(self, *, refuse_locked: bool = True) -> GuestConfig | None:
+        """`config_or_none` while preparing: a failed read is an OperationError naming the endpoint, and
+        with `refuse_locked` a locked guest (`lock:` in its config) is refused with `locked`."""
+        try:
+            config = self.config_or_none()
+        except PveError as error:
+            raise OperationError(f"{self.label} not read: {error.line}; nothing written") from None
+        if refuse_locked and config is not None and "lock" in config.values:
+            raise OperationError(locked(self, str(config.values["lock"])))
+        return config
+
+    def read_status(self) -> str:
+        """`status` while preparing: a failed read is an OperationError naming the endpoint."""
+        try:
+            return self.status()
+        except PveError as error:
+            raise OperationError(f"{self.label} not read: {error.line}; nothing written") from None
+
+
+def locked(guest: Guest, lock: str) -> str:
+    """Why pvegpu leaves a guest with `lock: <lock>` alone, with the task that holds the lock (the guest's
+    newest task) and the exact command that removes it. pvegpu never removes a lock itself: it cannot prove
+    a lock's task its own (under pvesh every task is root@pam's, and a killed create never returned its
+    UPID)."""
+    unlock = f"`{guest.kind.cli} unlock {guest.vmid}`"
+    check = f"check {guest.label} on {guest.node}, remove the lock with {unlock} there, then run again"
+    try:
+        tasks = guest.api.guest_tasks(guest.node, guest.vmid)
+    except PveError as error:
+        return f"{guest.label} is locked ({lock}); its tasks could not be listed ({error.line}): {check}"
+    if not tasks:
+        return f"{guest.label} is locked ({lock}) and Proxmox lists no task of it: {check}"
+    task = tasks[0]
+    if task.status == "running":
+        return (
+            f"{guest.label} is locked ({lock}) by task {task.upid}, which still runs: "
+            "run again when it has ended"
+        )
+    return (
+        f"{guest.label} is locked ({lock}); its last task {task.upid} no longer runs "
+        f"(exit status: {task.exitstatus}): {check}"
+    )
+
 
 class ConfigChange(Protocol):
     """Keys to set and keys to delete (plan/vm.py's VmChange, plan/lxc.py's ContainerChange)."""
@@ -115,6 +173,7 @@ class ConfigChange(Protocol):
     def changed(self) -> bool: ...
 
 
+@one_line_errors
 def converge(
     guest: Guest,
     *,
@@ -126,12 +185,15 @@ def converge(
     """Yield what makes `guest` hold its config: when absent, its creation with `create` (every key); else
     the PUT of `diff(current values)` with the read's digest, each change logged. Noop with the sentence
     `unchanged` when nothing differs. `diff` may raise OperationError (a refusal)."""
-    current = guest.config_or_none()
+    current = guest.read_config()
     if current is None:
         shown = " ".join(f"{key}={create[key]}" for key in sorted(create))
         logger.info(f"{host.print_prefix}{guest.label}: create {shown}")
-        yield FunctionCommand(_create, (guest, create, timeout_s), {})
+        yield api_command(_create, guest, create, diff, timeout_s)
         return
+    marks = unfinished(current.values)
+    if marks:
+        raise OperationError(_half_made(guest, marks))
     change = diff(current.values)
     if not change.changed:
         host.noop(unchanged)
@@ -140,26 +202,102 @@ def converge(
         logger.info(f"{host.print_prefix}{guest.label} {key}: {current.values.get(key)} -> {value}")
     for key in change.delete:
         logger.info(f"{host.print_prefix}{guest.label} {key}: delete")
-    yield FunctionCommand(_update, (guest, change, current.digest), {})
+    yield api_command(_update, guest, change, current, diff)
 
 
-def _create(guest: Guest, params: Mapping[str, str], timeout_s: float) -> None:
+Diff = Callable[[Mapping[str, object]], ConfigChange]
+
+
+def _create(guest: Guest, params: Mapping[str, str], diff: Diff, timeout_s: float) -> None:
+    endpoint = f"POST /nodes/{guest.node}/{guest.kind.path}"
+    failure = _attempt(
+        lambda: guest.api.wait_task(guest.kind.create(guest.api, guest.node, guest.vmid, params), timeout_s)
+    )
+    said = _said(failure, endpoint)
+    after = _read_back(guest, said, "created")
+    if after is None:
+        found = "" if failure else f", but GET {guest.config_endpoint} finds no config"
+        raise OperationError(f"{guest.label} not created: {said}{found}")
+    if "lock" in after.values:
+        lock = locked(guest, str(after.values["lock"]))
+        raise OperationError(f"{guest.label} not completely created after {said}: {lock}")
+    marks = unfinished(after.values)
+    if marks:
+        raise OperationError(f"{_half_made(guest, marks)} (after {said})")
+    left = diff(after.values)
+    if left.changed:
+        raise OperationError(
+            f"{guest.label} created, but {_differences(left, after)} after {said}; run again"
+        )
+    _accepted(guest, failure)
+
+
+def _update(guest: Guest, change: ConfigChange, before: GuestConfig, diff: Diff) -> None:
+    endpoint = f"PUT {guest.config_endpoint}"
+    failure = _attempt(
+        lambda: guest.kind.update(guest.api, guest.node, guest.vmid, change.set, before.digest, change.delete)
+    )
+    said = _said(failure, endpoint)
+    after = _read_back(guest, said, "updated")
+    if after is None:
+        raise OperationError(f"{guest.label} is gone after {said}")
+    left = diff(after.values)
+    if not left.changed:
+        _accepted(guest, failure)
+        return
+    if all(after.values.get(key) == before.values.get(key) for key in (*change.set, *change.delete)):
+        unchanged = "" if failure else ", but reading it back shows those keys unchanged"
+        raise OperationError(f"{guest.label} config not updated, nothing overwritten: {said}{unchanged}")
+    raise OperationError(f"{guest.label}: {_differences(left, after)} after {said}; run again")
+
+
+def _half_made(guest: Guest, marks: Sequence[str]) -> str:
+    return (
+        f"{guest.label} on {guest.node} was never completely created: {'; '.join(marks)}: pvegpu does not "
+        f"take it over; remove it (`{guest.kind.cli} destroy {guest.vmid}`) or finish it by hand, then run "
+        "again"
+    )
+
+
+def _attempt(write: Callable[[], object]) -> PveError | None:
+    """Run `write`; its PveError, None when it answered without one (which proves nothing yet)."""
     try:
-        guest.api.wait_task(guest.kind.create(guest.api, guest.node, guest.vmid, params), timeout_s)
+        write()
     except PveError as error:
-        raise OperationError(f"{guest.label} not created: {error.message}") from None
+        return error
+    return None
 
 
-def _update(guest: Guest, change: ConfigChange, digest: str) -> None:
+def _said(failure: PveError | None, endpoint: str) -> str:
+    return failure.line if failure is not None else f"{endpoint} answered without an error"
+
+
+def _read_back(guest: Guest, said: str, done: str) -> GuestConfig | None:
     try:
-        guest.kind.update(guest.api, guest.node, guest.vmid, change.set, digest, change.delete)
+        return guest.config_or_none()
     except PveError as error:
         raise OperationError(
-            f"{guest.label} config not updated, nothing overwritten: {error.message}"
+            f"{guest.label}: {said}; reading it back failed: {error.line}; whether it was {done} is "
+            "unknown, nothing more written; run again"
         ) from None
 
 
+def _accepted(guest: Guest, failure: PveError | None) -> None:
+    if failure is not None:
+        logger.warning(
+            f"{host.print_prefix}{guest.label}: {failure.line}; reading it back shows the config as planned"
+        )
+
+
+def _differences(left: ConfigChange, after: GuestConfig) -> str:
+    """`its config still differs: cores 8 (sent 16), hugepages 2 (sent: delete)`."""
+    keys = [f"{key} {after.values.get(key)} (sent {value})" for key, value in sorted(left.set.items())]
+    keys += [f"{key} {after.values.get(key)} (sent: delete)" for key in left.delete]
+    return f"its config still differs: {', '.join(keys)}"
+
+
 @operation(is_idempotent=True)
+@one_line_errors
 def guest_running(
     *,
     kind: GuestKind,
@@ -179,7 +317,7 @@ def guest_running(
     role's reboot, deploy/site.py) may bind them.
     """
     guest = Guest(kind, api, node, vmid)
-    if guest.config_or_none() is not None and guest.status() == "running":
+    if guest.read_config() is not None and guest.read_status() == "running":
         host.noop(f"{guest.label} is running on {node}")
         return
     if unbound and recheck is None:
@@ -198,7 +336,7 @@ def guest_running(
 
         yield FunctionCommand(start_when_bound, (), {})
         return
-    yield FunctionCommand(_start, (guest, timeout_s), {})
+    yield api_command(_start, guest, timeout_s)
 
 
 def _refusal(guest: Guest, unbound: Sequence[str]) -> str:
@@ -214,7 +352,7 @@ def _start(guest: Guest, timeout_s: float) -> None:
     except TaskFailedError as error:
         raise OperationError(f"{guest.label} did not start: {error.message}") from None
     except PveError as error:
-        raise OperationError(f"{guest.label} not started: {error.message}") from None
+        raise OperationError(f"{guest.label} not started: {error.line}") from None
     _wait_status(guest, "running", timeout_s, "the start task ended OK, but it is not running")
 
 
@@ -222,7 +360,7 @@ def _stop(guest: Guest, timeout_s: float) -> None:
     try:
         guest.api.wait_task(guest.kind.stop(guest.api, guest.node, guest.vmid), timeout_s)
     except PveError as error:
-        raise OperationError(f"{guest.label} not stopped: {error.message}") from None
+        raise OperationError(f"{guest.label} not stopped: {error.line}") from None
     _wait_status(guest, "stopped", timeout_s, "the stop task ended OK, but it runs")
 
 
@@ -237,6 +375,8 @@ def _wait_status(guest: Guest, wanted: str, timeout_s: float, what: str) -> None
         wait_until(pending, timeout_s, f"{guest.label}: {what}")
     except WaitTimeoutError as timeout:
         raise OperationError(str(timeout)) from None
+    except PveError as error:
+        raise OperationError(f"{guest.label}: waiting until it is {wanted}: {error.line}") from None
 
 
 def maps_gpus(values: Mapping[str, object], prefix: str) -> bool:
@@ -249,6 +389,7 @@ def maps_gpus(values: Mapping[str, object], prefix: str) -> bool:
 
 
 @operation()
+@one_line_errors
 def guest_parked(
     *,
     kind: GuestKind,
@@ -269,7 +410,7 @@ def guest_parked(
     false (`pve_host.allow_reboot`) nothing is changed; a warning and the noop say what would be done.
     """
     guest = Guest(kind, api, node, vmid)
-    config = guest.config_or_none()
+    config = guest.read_config(refuse_locked=False)  # a locked guest that is not pvegpu's is left alone
     if config is None:
         host.noop(f"{guest.label} does not exist on {node}: no {kind.holder} holds the GPUs")
         return
@@ -278,7 +419,9 @@ def guest_parked(
             f"{guest.label} on {node} maps none of pvegpu's {prefix}N mappings: not pvegpu's, left alone"
         )
         return
-    running = guest.status() == "running"
+    if "lock" in config.values:
+        raise OperationError(locked(guest, str(config.values["lock"])))
+    running = guest.read_status() == "running"
     onboot = str(config.values.get("onboot", "0")) == "1"
     if running and not allow_stop:
         message = (
@@ -293,16 +436,23 @@ def guest_parked(
         return
     if onboot:
         logger.info(f"{host.print_prefix}{guest.label}: onboot 1 -> 0 (profile {profile})")
-        yield FunctionCommand(_no_onboot, (guest, config.digest), {})
+        yield api_command(_no_onboot, guest, config.digest, config.values.get("onboot"))
     if running:
         logger.info(f"{host.print_prefix}{guest.label}: stop on {node} (profile {profile})")
-        yield FunctionCommand(_stop, (guest, timeout_s), {})
+        yield api_command(_stop, guest, timeout_s)
 
 
-def _no_onboot(guest: Guest, digest: str) -> None:
-    try:
-        guest.kind.update(guest.api, guest.node, guest.vmid, {"onboot": 0}, digest, ())
-    except PveError as error:
-        raise OperationError(
-            f"{guest.label} onboot not cleared, nothing overwritten: {error.message}"
-        ) from None
+def _no_onboot(guest: Guest, digest: str, onboot: object) -> None:
+    failure = _attempt(
+        lambda: guest.kind.update(guest.api, guest.node, guest.vmid, {"onboot": 0}, digest, ())
+    )
+    said = _said(failure, f"PUT {guest.config_endpoint}")
+    after = _read_back(guest, said, "updated")
+    if after is not None and str(after.values.get("onboot", "0")) == "0":
+        _accepted(guest, failure)
+        return
+    if after is not None and after.values.get("onboot") == onboot:
+        unchanged = "" if failure else f", but reading it back shows onboot {onboot}"
+        raise OperationError(f"{guest.label} onboot not cleared, nothing overwritten: {said}{unchanged}")
+    held = "is gone" if after is None else f"has onboot {after.values.get('onboot')}"
+    raise OperationError(f"{guest.label} {held} after {said}; run again")

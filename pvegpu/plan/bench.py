@@ -18,6 +18,7 @@ from pvegpu.plan.errors import PlanError
 
 _KEYS = ("max_concurrency", "completed", "output_throughput", "request_throughput", "median_ttft_ms",
          "p99_ttft_ms", "median_itl_ms")  # fmt: skip
+_COUNTS = ("max_concurrency", "completed")  # integers; the rest are numbers (NaN too: JSON's NaN)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,13 @@ def parse_results(lines: Sequence[str]) -> tuple[BenchRow, ...]:
         try:
             record = json.loads(line)
             values = [record[key] for key in _KEYS]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError) as error:  # ValueError: bad JSON, or a 4300+ digit number
             raise PlanError(f"benchmark result line {number}: not a result object ({error})") from None
+        for key, value in zip(_KEYS, values, strict=True):
+            counted = key in _COUNTS
+            if isinstance(value, bool) or not isinstance(value, int if counted else int | float):
+                kind = "an integer" if counted else "a number"
+                raise PlanError(f"benchmark result line {number}: {key} is {value!r}, not {kind}")
         rows.append(BenchRow(int(values[0]), int(values[1]), *map(float, values[2:])))
     return tuple(rows)
 

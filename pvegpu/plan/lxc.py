@@ -148,7 +148,7 @@ def diff_container(config: Mapping[str, str], current: Mapping[str, object]) -> 
     changes = {key: value for key, value in config.items() if str(current.get(key)) != value}
     stale = tuple(
         sorted(
-            (key for key in current if re.fullmatch(r"dev\d+", key) and key not in config),
+            (key for key in current if re.fullmatch(r"dev[0-9]{1,9}", key) and key not in config),
             key=lambda key: int(key[3:]),
         )
     )

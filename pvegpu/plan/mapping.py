@@ -14,14 +14,16 @@ prefix), each with one `map` entry per node, sorted by node name:
 Refused: a node whose topology is not ok (a refused GPU, a count problem) and nodes that disagree on the
 number or model of GPUs; `MappingPlanError` names every problem.
 
-`diff_mappings(desired, current, prefix)` compares with the mappings the API lists, touching only ids of
-pvegpu's scheme (`<prefix><N>`): anything else is someone else's and is never created, updated or deleted.
+`diff_mappings(desired, current, prefix, cluster=nodes)` compares with the mappings the API lists, touching
+only ids of pvegpu's scheme (`<prefix><N>`): anything else is someone else's and is never created, updated or
+deleted. Inside a managed mapping, a map line of a node outside `cluster` (the inventory's nodes this mapping
+is planned for) belongs to someone else too: it is kept verbatim, and an update writes it back unchanged.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -49,7 +51,7 @@ def mapping_id(prefix: str, index: int) -> str:
 
 def managed_index(prefix: str, name: str) -> int | None:
     """N when `name` is `<prefix><N>` (pvegpu's scheme), else None (someone else's mapping)."""
-    match = re.fullmatch(re.escape(prefix) + r"(0|[1-9][0-9]*)", name)
+    match = re.fullmatch(re.escape(prefix) + r"(0|[1-9][0-9]{0,8})", name)  # int() refuses 4300+ digits
     return None if match is None else int(match[1])
 
 
@@ -117,24 +119,33 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class MappingChange:
-    """What to do with one desired mapping: `map` is the desired entries; `current` the entries Proxmox
-    holds now (None for CREATE)."""
+    """What to do with one desired mapping: `map` is the whole map it must hold (the planned entries and the
+    kept ones); `current` the entries Proxmox holds now (None for CREATE); `kept` the current entries of
+    nodes outside the inventory's cluster, which `map` carries verbatim."""
 
     action: Action
     id: str
     map: tuple[str, ...]
     current: tuple[str, ...] | None
+    kept: tuple[str, ...] = ()
 
 
 def diff_mappings(
-    desired: Sequence[PciMapping], current: Sequence[PciMapping], prefix: str = DEFAULT_PREFIX
+    desired: Sequence[PciMapping],
+    current: Sequence[PciMapping],
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    cluster: Collection[str],
 ) -> tuple[MappingChange, ...]:
     """CREATE / UPDATE / UNCHANGED per desired mapping, in desired order.
 
-    Entries are compared by meaning (keys and values), not by text or line order, so a mapping someone
-    wrote in the GUI's key order is unchanged when it says the same. An entry that does not parse counts
-    as different. Current mappings outside the prefix scheme, and managed ones no longer desired, are left
-    alone. Raises ValueError when a desired id is not of the prefix scheme (it would not be pvegpu's).
+    `cluster` is the node names the desired mappings are planned for. A current entry of any other node is
+    kept (someone else's line: a node pvegpu does not manage here); entries of `cluster` nodes are replaced
+    by the plan's. The resulting map is sorted by node. Entries are compared by meaning (keys and values),
+    not by text or line order, so a mapping someone wrote in the GUI's key order is unchanged when it says
+    the same. An entry that does not parse names no node for sure, counts as different and is replaced.
+    Current mappings outside the prefix scheme, and managed ones no longer desired, are left alone.
+    Raises ValueError when a desired id is not of the prefix scheme (it would not be pvegpu's).
     """
     held = {mapping.id: mapping for mapping in current}
     changes = []
@@ -145,10 +156,20 @@ def diff_mappings(
         if now is None:
             changes.append(MappingChange(Action.CREATE, mapping.id, mapping.map, None))
             continue
-        same = _meaning(now.map) == _meaning(mapping.map)
+        kept = tuple(text for text in now.map if _node_of(text) not in (None, *cluster))
+        whole = tuple(sorted(mapping.map + kept, key=lambda text: _node_of(text) or ""))
+        same = _meaning(now.map) == _meaning(whole)
         action = Action.UNCHANGED if same else Action.UPDATE
-        changes.append(MappingChange(action, mapping.id, mapping.map, now.map))
+        changes.append(MappingChange(action, mapping.id, whole, now.map, kept))
     return tuple(changes)
+
+
+def _node_of(text: str) -> str | None:
+    """The node an entry is for; None when it does not parse."""
+    try:
+        return parse_map_entry(text).node
+    except MapEntryError:
+        return None
 
 
 def _meaning(entries: tuple[str, ...]) -> list[tuple[str, ...]] | None:

@@ -14,9 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from pvegpu.models.secret_file import SecretFile
+from pvegpu.models.secret_file import SecretFile, secret_file_problems
 from pvegpu.models.sglang import SglangSpec
-from pvegpu.plan.secret_files import secret_file_problems
 from pvegpu.plan.sglang import secret_options
 
 ENV_FILE = "/etc/pvegpu/sglang.env"

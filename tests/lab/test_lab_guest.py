@@ -1,7 +1,7 @@
 """The guest roles (deploy/guest.py) against a lab VM guest: a Q35-shaped nspawn host (lab.pve.guest) with
 the stand-in NVIDIA apt repository and SGLang wheel (lab/guest_payload.py). Converge, then no change and no
 restart; one SGLang setting changed restarts once; the VM env file never enables P2P; bad data stops before
-pyinfra connects."""
+pyinfra connects. The API key and its files: tests/lab/test_lab_secrets.py."""
 
 from __future__ import annotations
 
@@ -157,34 +157,6 @@ def test_error_bad_data_stops_before_connecting(
         assert f"{guest.name}: {problem}\n" in run.stderr
         assert "Connecting to hosts" not in run.stderr
     assert lab_ssh(guest, "test -e /etc/pvegpu || echo untouched") == "untouched\n"
-
-
-def test_create_api_key_beyond_loopback_key_never_written(
-    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    key = guest.root / "root/sglang-api-key"
-    key.write_text("s3cret-lab-key\n")
-    key.chmod(0o600)
-
-    run = deploy(
-        pyinfra_cli,
-        monkeypatch,
-        guest,
-        {"sglang": {"host": "0.0.0.0", "api_key_file": "/root/sglang-api-key"}},
-    )
-
-    assert run.rc == 0, run.stderr
-    assert run.outcome["Wait for /health and /v1/models"] == "success"  # the probe sent the key
-    probe = (
-        '/opt/sglang/venv/bin/python -c "import urllib.request as u, urllib.error as e\n'
-        "try: u.urlopen('http://127.0.0.1:30000/v1/models')\n"
-        'except e.HTTPError as x: print(x.code)"'
-    )
-    assert lab_ssh(guest, probe) == "401\n"
-    written = lab_ssh(guest, "cat /etc/systemd/system/sglang.service /etc/pvegpu/sglang.env")
-    assert "s3cret" not in written
-    assert "LoadCredential=api-key:/root/sglang-api-key\n" in written
-    assert "s3cret" not in run.stderr
 
 
 def test_drift_doctor_warns_when_transports_contradict_the_profile(

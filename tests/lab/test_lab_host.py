@@ -5,6 +5,7 @@ before any change."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from lab import boot, hosts
+from lab.pve import node as pve_node
 
 pytestmark = pytest.mark.lab
 
@@ -248,6 +250,52 @@ def test_doctor_reports_host_checks_and_writes_json(
         in result.stderr
     )
     assert "GPU topology of node" in result.stderr
+
+
+def test_doctor_reports_mapping_health_after_bios_changes(
+    pyinfra_cli: PyinfraCli,
+    lab_ssh: Callable[[hosts.LabHost, str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Mappings of the reference box, then the node's hardware changes under them: the doctor says valid,
+    renumber-only drift, hardware changed, per GPU, and writes nothing."""
+    name = f"d{os.getpid() % 10000}"
+    node = pve_node.up(name, "reference")
+    try:
+        monkeypatch.setenv("PVEGPU_DOCTOR_DIR", str(tmp_path))
+        for n, gpu in enumerate(node.manifest()["gpus"]):
+            line = f"id=10de:2bb1,node={name},path={gpu['address']},iommugroup={gpu['iommu_group']}"
+            lab_ssh(
+                node, f"pvesh create /cluster/mapping/pci --id gpu{n} --map {line},subsystem-id=10de:204b"
+            )
+        cfg = node.root / "etc/pve/mapping/pci.cfg"
+        written = cfg.read_text()
+        subject = f"[{name}] PCI mappings of VM 100 (llm) on node {name}"
+        rebuild = "`pyinfra inventory.py deploy/rebuild_vm.py`"
+
+        def doctor() -> str:
+            return pyinfra_cli("-y", "--limit", name, "inventory/lab.py", "deploy/doctor.py").stderr
+
+        valid = doctor()
+        hosts.retopo(name, "reference-renumbered")
+        drift = doctor()
+        hosts.retopo(name, "reference-other-card")
+        changed = doctor()
+
+        assert f"{subject}: valid\n  gpu0 {name}: valid\n" in valid
+        assert (
+            f"{subject}: renumber-only drift (only bus and group numbers changed: {rebuild} repairs them)\n"
+            f"  gpu0 {name}: 0000:41:00 group 14 -> 0000:21:00 group 16 (renumbered)\n"
+        ) in drift
+        assert f"{subject}: hardware changed (check the hardware, then run {rebuild})\n" in changed
+        assert (
+            f"  gpu5 {name}: slot 6 held 10de:2bb1 subsystem 10de:204b at 0000:d1:00, now 10de:26b1 "
+            "subsystem 10de:16a1 at 0000:d1:00: another model\n"
+        ) in changed
+        assert cfg.read_text() == written
+    finally:
+        hosts.down(name)
 
 
 # What a run leaves on a node's boot path: the files pvegpu writes and what their consumers generated.

@@ -43,7 +43,7 @@ README_COMMANDS = [
     "pyinfra inventory.py deploy/rebuild_vm.py",
     "pyinfra inventory/baremetal.py deploy/site.py",
     "pyinfra inventory.py deploy/bench.py",
-    "pvegpu mapping --node NAME=SYSFS_DIR",
+    "pvegpu mapping --node NAME=SYSFS_DIR [--against PCI_CFG]",
 ]
 NODE_ONLY = ("deploy/host.py", "deploy/vm.py")  # the guest is in the inventory and must be left alone
 
@@ -117,6 +117,12 @@ def every_row_changes_nothing(name: str, sysfs: str, guest_name: str) -> None:
             code, output = run(f"pvegpu mapping --node {name}={sysfs}")
             assert code == 0, output
             assert re.findall(r"^gpu\d$", output, re.MULTILINE) == [f"gpu{n}" for n in range(8)], output
+            pci_cfg = hosts.get_host(name).root / "etc/pve/mapping/pci.cfg"
+            code, output = run(f"pvegpu mapping --node {name}={sysfs} --against {pci_cfg}")
+            assert code == 0, output
+            assert [f"gpu{n} {name}: unchanged" for n in range(8)] == [
+                line for line in output.splitlines() if line.endswith(": unchanged")
+            ], output
         elif command.endswith("deploy/bench.py"):
             code, output = run(command)
             assert code == 0, output

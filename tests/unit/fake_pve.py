@@ -6,10 +6,12 @@ answer that changes between calls). Responses follow shared/knowledge/proxmox-ap
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from inspect import signature
 from typing import Any
 
 from pyinfra.api.command import FunctionCommand
+from pyinfra.api.exceptions import OperationError
 
 from pvegpu.pve import Params, PveClient, PveError
 
@@ -41,11 +43,31 @@ class FakeApi:
         return [call for call in self.calls if call[0] != "GET"]
 
 
+class LogHost:
+    """The host an `api_command` logs its one error line to."""
+
+    print_prefix = "[pve1] "
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def log_styled(self, message: str, log_func: Callable[[str], Any], **_style: Any) -> None:
+        del log_func
+        self.errors.append(message)
+
+
 def execute(commands: list[Any]) -> None:
-    """Run the function commands an operation yielded, as pyinfra does when it executes."""
+    """Run the function commands an operation yielded, as pyinfra does when it executes; an `api_command`
+    that fails its host (returns False) raises OperationError with the line it logged, as the first
+    command of a host that fails stops the rest."""
     for command in commands:
         assert isinstance(command, FunctionCommand)
-        command.function(*command.args, **command.kwargs)
+        if list(signature(command.function).parameters)[:2] == ["state", "host"]:
+            host = LogHost()
+            if command.function(None, host, *command.args, **command.kwargs) is False:
+                raise OperationError("\n".join(host.errors))
+        else:
+            command.function(*command.args, **command.kwargs)
 
 
 def task_ok(upid: str) -> dict[str, object]:
@@ -63,3 +85,96 @@ def sequence(*answers: object) -> Callable[[dict[str, Any]], object]:
         return value
 
     return answer
+
+
+MODIFIED = (
+    "update hardware mapping failed: detected modified configuration - file changed by other user? Try again."
+)
+
+
+class MappingStore:
+    """pci.cfg behind the mapping endpoints, as proxmox-api-behaviour.md §3 describes them: one digest over
+    the whole file, changed by every write; a PUT with another digest fails with Proxmox's text, a POST of
+    an existing id with `already defined`, a GET of a missing id with `not found`.
+
+    `answers(*ids)` gives the FakeApi answers for the list and for each id. `after_write` (an error) is
+    raised after a write took effect, as a connection cut after Proxmox wrote would; `checks` per id are
+    what the list with `check-node` reports."""
+
+    def __init__(self, *mappings: tuple[str, list[str]]) -> None:
+        self.maps = {mapping_id: list(entries) for mapping_id, entries in mappings}
+        self.version = 1
+        self.checks: dict[str, list[dict[str, str]]] = {}
+        self.after_write: PveError | None = None
+
+    @property
+    def digest(self) -> str:
+        return f"d{self.version}"
+
+    def answers(self, *ids: str) -> dict[tuple[str, str], object]:
+        path = "/cluster/mapping/pci"
+        answers: dict[tuple[str, str], object] = {("GET", path): self._list, ("POST", path): self._post}
+        for mapping_id in ids:
+            answers[("GET", f"{path}/{mapping_id}")] = lambda _params, i=mapping_id: self._get(i)
+            answers[("PUT", f"{path}/{mapping_id}")] = lambda params, i=mapping_id: self._put(i, params)
+        return answers
+
+    def _list(self, _params: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            {"id": i, "type": "pci", "digest": self.digest, "map": m, "checks": self.checks.get(i, [])}
+            for i, m in sorted(self.maps.items())
+        ]
+
+    def _get(self, mapping_id: str) -> dict[str, Any]:
+        if mapping_id not in self.maps:
+            raise PveError(500, f"mapping '{mapping_id}' not found")
+        return {"type": "pci", "digest": self.digest, "map": self.maps[mapping_id]}
+
+    def _post(self, params: dict[str, Any]) -> None:
+        if params["id"] in self.maps:
+            raise PveError(500, f"create hardware mapping failed: pci ID '{params['id']}' already defined")
+        self._write(params["id"], params["map"])
+
+    def _put(self, mapping_id: str, params: dict[str, Any]) -> None:
+        if params.get("digest") != self.digest:
+            raise PveError(500, MODIFIED)
+        self._write(mapping_id, params["map"])
+
+    def _write(self, mapping_id: str, entries: list[str]) -> None:
+        self.maps[mapping_id] = list(entries)
+        self.version += 1
+        if self.after_write is not None:
+            raise self.after_write
+
+
+class ConfigStore:
+    """A guest config behind `GET`/`PUT …/config`: a PUT with the current digest sets and deletes keys and
+    changes the digest; another digest fails with `mismatch` (Proxmox's text for the kind, §4.5 / §6.3).
+    `values` None: the guest does not exist (GET raises `missing`). `create(values, upid)` is the answer of a
+    create POST that makes the config Proxmox would hold (`values`, with `digest`) and returns the UPID."""
+
+    def __init__(self, values: dict[str, object] | None, *, missing: PveError, mismatch: str) -> None:
+        self.values = None if values is None else dict(values)
+        self.missing = missing
+        self.mismatch = mismatch
+
+    def get(self, _params: dict[str, Any]) -> dict[str, object]:
+        if self.values is None:
+            raise self.missing
+        return dict(self.values)
+
+    def put(self, params: dict[str, Any]) -> None:
+        assert self.values is not None
+        if params["digest"] != self.values["digest"]:
+            raise PveError(500, self.mismatch)
+        for key in str(params.get("delete", "")).split(","):
+            self.values.pop(key, None)
+        self.values.update({k: v for k, v in params.items() if k not in ("delete", "digest")})
+        self.values["digest"] = f"{self.values['digest']}+"
+
+    def create(self, values: Mapping[str, object], upid: str) -> Callable[[dict[str, Any]], str]:
+        def answer(_params: dict[str, Any]) -> str:
+            self.values = dict(values)
+            return upid
+
+        return answer

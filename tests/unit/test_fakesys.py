@@ -230,6 +230,44 @@ def test_shared_with_nic_puts_gpu3_and_a_nic_in_one_group() -> None:
     assert all(manifest["groups"][str(g["iommu_group"])] == g["functions"] for g in others)
 
 
+def test_missing_gpu_box_loses_slot_4_and_one_group_number_after_it() -> None:
+    manifest = fakesys.manifest("reference-missing-gpu")
+
+    # Slot 4's card is gone; the buses stay, and every group probed after it is one lower (28 was 29).
+    assert gpu_rows(manifest) == [
+        (0, "0000:41:00", 14, 0, "0000:40", "1"),
+        (1, "0000:51:00", 17, 0, "0000:50", "2"),
+        (2, "0000:61:00", 20, 0, "0000:60", "3"),
+        (3, "0000:c1:00", 28, 1, "0000:c0", "5"),
+        (4, "0000:d1:00", 31, 1, "0000:d0", "6"),
+        (5, "0000:e1:00", 34, 1, "0000:e0", "7"),
+        (6, "0000:f1:00", 37, 1, "0000:f0", "8"),
+    ]
+    assert "0000:71:00.0" not in manifest["devices"]
+    # Its root port stays, empty, alone in its group.
+    assert manifest["groups"][str(manifest["devices"]["0000:70:01.1"]["iommu_group"])] == ["0000:70:01.1"]
+    assert all(manifest["groups"][str(g["iommu_group"])] == g["functions"] for g in manifest["gpus"])
+    assert len(manifest["groups"]) == 38
+
+
+def test_other_card_box_holds_an_rtx_6000_ada_in_slot_6() -> None:
+    reference = fakesys.manifest("reference")
+    manifest = fakesys.manifest("reference-other-card")
+
+    assert gpu_rows(manifest) == REFERENCE_GPUS
+    assert manifest["groups"] == reference["groups"]
+    ada, audio = manifest["devices"]["0000:d1:00.0"], manifest["devices"]["0000:d1:00.1"]
+    assert (ada["vendor"], ada["device"], ada["subsystem_vendor"], ada["subsystem_device"]) == (
+        "10de",
+        "26b1",
+        "10de",
+        "16a1",
+    )
+    assert (audio["device"], audio["iommu_group"]) == ("22ba", 32)
+    others = {a: d for a, d in manifest["devices"].items() if not a.startswith("0000:d1:00.")}
+    assert others == {a: d for a, d in reference["devices"].items() if not a.startswith("0000:d1:00.")}
+
+
 # --- the tree -----------------------------------------------------------------------------------------------
 
 

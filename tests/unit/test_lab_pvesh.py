@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -504,3 +505,54 @@ def test_lxc_create_takes_ssh_keys_outside_the_config(pve: Pve) -> None:
     config = pve.json("get", "/nodes/pve1/lxc/200/config")
     assert "ssh-public-keys" not in config
     assert config["rootfs"] == "local:vm-200-disk-0,size=4G"
+
+
+def test_drift_killed_create_leaves_the_stub_locked_and_a_task_that_no_longer_runs(pve: Pve) -> None:
+    # The worker dies while it writes its task log (past 100 bytes: EFBIG, as on a full disk), after the
+    # stub config and before the final one, as a killed `qm create` leaves a real node.
+    env = {"PVEGPU_LAB_PVE_CONFIG": str(pve.base / "pve.json"), "PATH": "/usr/bin:/bin"}
+    args = ["create", "/nodes/pve1/qemu", *VM_ARGS, *VM_DISKS, "--output-format", "json"]
+    killed = subprocess.run(
+        [sys.executable, str(PVESH), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100)),
+    )
+    assert (killed.returncode, killed.stderr.splitlines()[-1]) == (1, "OSError: [Errno 27] File too large")
+
+    assert pve.file("etc/pve/qemu-server/100.conf") == "lock: create\n"
+    tasks = pve.json("get", "/nodes/pve1/tasks", "--vmid", "100", "--source", "all")
+    assert [(t["type"], t["id"], t["user"], t["status"]) for t in tasks] == [
+        ("qmcreate", "100", "root@pam", "unexpected status")
+    ]
+    status = pve.json("get", f"/nodes/pve1/tasks/{tasks[0]['upid']}/status")
+    assert (status["status"], status["exitstatus"]) == ("stopped", "unexpected status")
+    assert pve.json("get", "/nodes/pve1/qemu/100/config") == {
+        "lock": "create",
+        "digest": sha1("lock: create\n"),
+    }
+    assert pve("set", "/nodes/pve1/qemu/100/config", "--cores", "4") == Result(
+        255, "", "VM is locked (create)\n"
+    )
+    start = pve("create", "/nodes/pve1/qemu/100/status/start", "--output-format", "json")
+    assert start.err == "VM is locked (create)\n"
+
+    # `qm unlock 100` (here through the API, root only), then the config is empty; a PUT finishes it the
+    # way qemu-server's update does: disks allocated, the NIC given a MAC.
+    assert pve("set", "/nodes/pve1/qemu/100/config", "--delete", "lock", "--skiplock", "1").rc == 0
+    assert pve.file("etc/pve/qemu-server/100.conf") == ""
+    put = pve("set", "/nodes/pve1/qemu/100/config", *VM_DISKS, "--net0", "virtio,bridge=vmbr0")
+    assert put.out.splitlines()[1:] == [
+        "efidisk0: successfully created disk 'local-lvm:vm-100-disk-0,efitype=4m,size=4M'",
+        "scsi0: successfully created disk 'local-lvm:vm-100-disk-1,size=32G'",
+    ]
+    config = pve.json("get", "/nodes/pve1/qemu/100/config")
+    assert (
+        config["scsi0"],
+        re.sub("[0-9A-F]{2}:[0-9A-F]{2}:[0-9A-F]{2}$", "..", config["net0"].split(",")[0]),
+    ) == (
+        "local-lvm:vm-100-disk-1,size=32G",
+        "virtio=BC:24:11:..",
+    )

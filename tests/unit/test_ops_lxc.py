@@ -28,7 +28,7 @@ from pvegpu.plan.lxc import (
     raw_of,
 )
 from pvegpu.pve import PveError
-from tests.unit.fake_pve import FakeApi, execute, sequence, task_ok
+from tests.unit.fake_pve import ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 
 TEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
@@ -38,6 +38,13 @@ CONFIG = container_config(SPEC, DEVICES)
 CONFIG_PATH = "/nodes/pve1/lxc/200/config"
 STATUS = "/nodes/pve1/lxc/200/status/current"
 MISSING = PveError(500, "Configuration file 'nodes/pve1/lxc/200.conf' does not exist")
+MODIFIED = "detected modified configuration - file changed by other user? Try again."
+
+
+def ct_store(values: dict[str, object] | None) -> ConfigStore:
+    return ConfigStore(values, missing=MISSING, mismatch=MODIFIED)
+
+
 UPID_CREATE = "UPID:pve1:0000B1B2:0153F2C4:66A1B2C3:vzcreate:200:root@pam:"
 UPID_START = "UPID:pve1:0000B1B3:0153F2C4:66A1B2C4:vzstart:200:root@pam:"
 SHM = "lxc.mount.entry: tmpfs dev/shm tmpfs "
@@ -139,10 +146,12 @@ def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
 
 
 def test_create_container_with_devices() -> None:
+    store = ct_store(None)
+    created = {**CONFIG, "cores": 8, "memory": 32768, "swap": 0, "onboot": 1, "digest": "d1"}
     api = FakeApi(
         {
-            ("GET", CONFIG_PATH): MISSING,
-            ("POST", "/nodes/pve1/lxc"): UPID_CREATE,
+            ("GET", CONFIG_PATH): store.get,
+            ("POST", "/nodes/pve1/lxc"): store.create(created, UPID_CREATE),
             ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status"): task_ok(UPID_CREATE),
         }
     )
@@ -159,35 +168,25 @@ def test_noop_container_has_its_config() -> None:
 
 
 def test_update_container_with_digest_deletes_stale_dev() -> None:
-    api = FakeApi(
-        {
-            ("GET", CONFIG_PATH): {
-                **CONFIG,
-                "dev1": "/dev/nvidia7,gid=44",
-                "dev6": "/dev/nvidia1",
-                "digest": "d1",
-            },
-            ("PUT", CONFIG_PATH): None,
-        }
-    )
+    store = ct_store({**CONFIG, "dev1": "/dev/nvidia7,gid=44", "dev6": "/dev/nvidia1", "digest": "d1"})
+    api = FakeApi({("GET", CONFIG_PATH): store.get, ("PUT", CONFIG_PATH): store.put})
     commands, _ = converge(api)
     execute(commands)
+    assert store.values == {**CONFIG, "digest": "d1+"}
     assert api.writes() == [
         ("PUT", CONFIG_PATH, {"dev1": "/dev/nvidia1,gid=44", "delete": "dev6", "digest": "d1"})
     ]
 
 
 def test_error_update_concurrent_edit_not_overwritten() -> None:
-    changed = PveError(500, "detected modified configuration - file changed by other user? Try again.")
-    api = FakeApi(
-        {("GET", CONFIG_PATH): {**CONFIG, "cores": 4, "digest": "d1"}, ("PUT", CONFIG_PATH): changed}
-    )
+    store = ct_store({**CONFIG, "cores": 4, "digest": "d1"})
+    api = FakeApi({("GET", CONFIG_PATH): store.get, ("PUT", CONFIG_PATH): store.put})
     commands, _ = converge(api)
+    store.values = {**CONFIG, "cores": 4, "hostname": "theirs", "digest": "d2"}  # someone else's edit
     with pytest.raises(OperationError) as error:
         execute(commands)
     assert str(error.value) == (
-        "CT 200 config not updated, nothing overwritten: "
-        "detected modified configuration - file changed by other user? Try again."
+        f"CT 200 config not updated, nothing overwritten: PUT /nodes/pve1/lxc/200/config: {MODIFIED}"
     )
 
 
@@ -304,11 +303,12 @@ def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
 
 
 def test_update_running_container_onboot_cleared_then_stopped() -> None:
+    store = ct_store({"onboot": 1, "digest": "d1"})
     api = FakeApi(
         {
-            ("GET", CONFIG_PATH): {"onboot": 1, "digest": "d1"},
+            ("GET", CONFIG_PATH): store.get,
             ("GET", STATUS): sequence({"status": "running"}, {"status": "stopped"}),
-            ("PUT", CONFIG_PATH): None,
+            ("PUT", CONFIG_PATH): store.put,
             ("POST", STOP): UPID_STOP,
             ("GET", f"/nodes/pve1/tasks/{UPID_STOP}/status"): task_ok(UPID_STOP),
         }
@@ -341,3 +341,20 @@ def test_noop_container_parked_or_absent() -> None:
         [],
         ["CT 200 does not exist on pve1: no container holds the GPUs"],
     )
+
+
+def test_error_locked_container_is_reported_with_its_task_and_pct_unlock() -> None:
+    upid = "UPID:pve1:0000A1B5:0153F2C6:66A1B2C6:vzcreate:200:root@pam:"
+    dead = {"upid": upid, "type": "vzcreate", "id": "200", "status": "unexpected status", "endtime": 1}
+    api = FakeApi(
+        {("GET", CONFIG_PATH): {"lock": "create", "digest": "5tub"}, ("GET", "/nodes/pve1/tasks"): [dead]}
+    )
+
+    with pytest.raises(OperationError) as error:
+        park(api)
+
+    assert str(error.value) == (
+        f"CT 200 is locked (create); its last task {upid} no longer runs (exit status: unexpected status): "
+        "check CT 200 on pve1, remove the lock with `pct unlock 200` there, then run again"
+    )
+    assert api.writes() == []

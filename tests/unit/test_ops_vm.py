@@ -5,6 +5,7 @@ mismatch)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -15,8 +16,8 @@ from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.vm import create_keys, vm_config
-from pvegpu.pve import PveError
-from tests.unit.fake_pve import UPID_CREATE, UPID_START, FakeApi, execute, sequence, task_ok
+from pvegpu.pve import PveConnectionError, PveError, Unparsed
+from tests.unit.fake_pve import UPID_CREATE, UPID_START, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.hostdata import two_cards
 from tests.unit.op_harness import run_op
 
@@ -28,6 +29,7 @@ CONFIG = vm_config(SPEC, IDS, WINDOW)
 CREATE = create_keys(SPEC)
 CONFIG_PATH = "/nodes/pve1/qemu/100/config"
 MISSING = PveError(500, "Configuration file 'nodes/pve1/qemu-server/100.conf' does not exist")
+MISMATCH = "checksum mismatch (file change by other user?)"
 
 
 def created_config(**changes: object) -> dict[str, object]:
@@ -49,6 +51,15 @@ def created_config(**changes: object) -> dict[str, object]:
     }
     values.update(changes)
     return {key: value for key, value in values.items() if value is not None}
+
+
+def vm_store(values: dict[str, object] | None) -> ConfigStore:
+    return ConfigStore(values, missing=MISSING, mismatch=MISMATCH)
+
+
+def config_api(store: ConfigStore, **answers: object) -> FakeApi:
+    """The store's GET and PUT of the config, plus `answers` by (method, path)."""
+    return FakeApi({("GET", CONFIG_PATH): store.get, ("PUT", CONFIG_PATH): store.put, **answers})  # type: ignore[dict-item]
 
 
 def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
@@ -93,10 +104,11 @@ def test_vm_config_keys() -> None:
 
 
 def test_create_when_absent_posts_every_key_and_waits_for_the_task() -> None:
+    store = vm_store(None)
     api = FakeApi(
         {
-            ("GET", CONFIG_PATH): MISSING,
-            ("POST", "/nodes/pve1/qemu"): UPID_CREATE,
+            ("GET", CONFIG_PATH): store.get,
+            ("POST", "/nodes/pve1/qemu"): store.create(created_config(), UPID_CREATE),
             ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status"): task_ok(UPID_CREATE),
         }
     )
@@ -106,7 +118,10 @@ def test_create_when_absent_posts_every_key_and_waits_for_the_task() -> None:
 
     assert noops == []
     assert api.writes() == [("POST", "/nodes/pve1/qemu", {"vmid": 100, **CONFIG, **CREATE})]
-    assert api.calls[-1] == ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status", {})
+    assert api.calls[-2:] == [
+        ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status", {}),
+        ("GET", CONFIG_PATH, {}),  # read back
+    ]
 
 
 def test_noop_second_run_with_8_hostpci_entries() -> None:
@@ -127,11 +142,15 @@ def test_update_puts_only_differing_keys_with_the_digest_and_keeps_operator_args
         hugepages="2",
         net0="virtio=BC:24:11:3F:00:12,bridge=vmbr1",
     )
-    api = FakeApi({("GET", CONFIG_PATH): current, ("PUT", CONFIG_PATH): None})
+    store = vm_store(current)
+    api = config_api(store)
 
     commands, _ = converge(api)
     execute(commands)
 
+    assert store.values == created_config(
+        cores="16", args=f"-cpu kvm=on {MMIO}", hostpci3="mapping=gpu3,pcie=1", digest="c0ffee+"
+    )
     assert api.writes() == [
         (
             "PUT",
@@ -149,7 +168,7 @@ def test_update_puts_only_differing_keys_with_the_digest_and_keeps_operator_args
 
 
 def test_update_adds_a_missing_disk_never_recreates_the_vm() -> None:
-    api = FakeApi({("GET", CONFIG_PATH): created_config(scsi0=None), ("PUT", CONFIG_PATH): None})
+    api = config_api(vm_store(created_config(scsi0=None)))
 
     commands, _ = converge(api)
     execute(commands)
@@ -158,15 +177,17 @@ def test_update_adds_a_missing_disk_never_recreates_the_vm() -> None:
 
 
 def test_error_digest_mismatch_overwrites_nothing() -> None:
-    mismatch = PveError(500, "checksum mismatch (file change by other user?)")
-    api = FakeApi({("GET", CONFIG_PATH): created_config(cores=8), ("PUT", CONFIG_PATH): mismatch})
+    store = vm_store(created_config(cores=8))
+    api = config_api(store)
     commands, _ = converge(api)
+    store.values = created_config(cores=8, name="theirs", digest="beef")  # someone else's edit meanwhile
 
     with pytest.raises(OperationError) as error:
         execute(commands)
 
     assert str(error.value) == (
-        "VM 100 config not updated, nothing overwritten: checksum mismatch (file change by other user?)"
+        "VM 100 config not updated, nothing overwritten: "
+        "PUT /nodes/pve1/qemu/100/config: checksum mismatch (file change by other user?)"
     )
 
 
@@ -261,3 +282,244 @@ def test_guest_gpus_noop_and_error() -> None:
     with pytest.raises(OperationError) as error:
         run_op(guest_gpus, {}, hardware=two_cards(), expected=8)
     assert str(error.value) == "the guest sees 2 NVIDIA GPUs, expected 8: 0000:41:00.0, 0000:51:00.0"
+
+
+# --- honest outcomes and garbage: what is said follows what reading back shows ----------------------------
+
+HTML = Unparsed("<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head></html>\n")
+TASK_CREATE = f"/nodes/pve1/tasks/{UPID_CREATE}/status"
+CUT = PveConnectionError("ssh root@pve1:22: SSH session not active")
+
+
+def test_drift_create_cut_after_the_task_ran_is_created_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = vm_store(None)
+    created = store.create(created_config(), UPID_CREATE)
+
+    def cut(params: dict[str, Any]) -> str:
+        created(params)
+        raise CUT
+
+    api = FakeApi({("GET", CONFIG_PATH): store.get, ("POST", "/nodes/pve1/qemu"): cut})
+    commands, _ = converge(api)
+
+    with caplog.at_level(logging.WARNING, logger="pyinfra"):
+        execute(commands)
+
+    assert caplog.messages == [
+        "[pve1] VM 100: POST /nodes/pve1/qemu: ssh root@pve1:22: SSH session not active; "
+        "reading it back shows the config as planned"
+    ]
+
+
+def test_error_create_that_wrote_nothing_says_not_created_with_what_came_back() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): MISSING, ("POST", "/nodes/pve1/qemu"): HTML})
+    commands, _ = converge(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == (
+        "VM 100 not created: POST /nodes/pve1/qemu: expected a task id (UPID), got '<!DOCTYPE html>'"
+    )
+    assert len(api.writes()) == 1
+
+
+def test_error_garbage_task_status_after_create_is_judged_by_reading_back() -> None:
+    store = vm_store(None)
+    api = FakeApi(
+        {
+            ("GET", CONFIG_PATH): store.get,
+            ("POST", "/nodes/pve1/qemu"): store.create(created_config(cores=8), UPID_CREATE),
+            ("GET", TASK_CREATE): HTML,
+        }
+    )
+    commands, _ = converge(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == (
+        "VM 100 created, but its config still differs: cores 8 (sent 16) after "
+        f"GET {TASK_CREATE}: expected an object, got '<!DOCTYPE html>'; run again"
+    )
+
+
+def test_error_put_answering_garbage_with_exit_0_that_wrote_nothing() -> None:
+    store = vm_store(created_config(cores=8))
+    api = FakeApi({("GET", CONFIG_PATH): store.get, ("PUT", CONFIG_PATH): HTML})
+    commands, _ = converge(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == (
+        "VM 100 config not updated, nothing overwritten: PUT /nodes/pve1/qemu/100/config answered without "
+        "an error, but reading it back shows those keys unchanged"
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer", "got"),
+    [
+        (HTML, "expected an object, got '<!DOCTYPE html>'"),
+        (Unparsed('{"cores":16,"dige'), """expected an object, got '{"cores":16,"dige'"""),
+        ([], "expected an object, got '[]'"),
+        ({"cores": 16}, """expected a config with a 'digest', got '{"cores": 16}'"""),
+    ],
+    ids=["html", "cut", "list", "no-digest"],
+)
+def test_error_garbage_config_read_fails_the_host_before_any_write(answer: object, got: str) -> None:
+    api = FakeApi({("GET", CONFIG_PATH): lambda _params: answer})
+
+    with pytest.raises(OperationError) as error:
+        converge(api)
+
+    assert str(error.value) == f"VM 100 not read: GET /nodes/pve1/qemu/100/config: {got}; nothing written"
+    assert api.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("answers", "message"),
+    [
+        (
+            {("POST", "/nodes/pve1/qemu/100/status/start"): HTML},
+            "VM 100 not started: POST /nodes/pve1/qemu/100/status/start: expected a task id (UPID), "
+            "got '<!DOCTYPE html>'",
+        ),
+        (
+            {
+                ("POST", "/nodes/pve1/qemu/100/status/start"): UPID_START,
+                ("GET", f"/nodes/pve1/tasks/{UPID_START}/status"): {"upid": UPID_START},
+            },
+            f"VM 100 not started: GET /nodes/pve1/tasks/{UPID_START}/status: expected an object with "
+            f"""'status', got '{{"upid": "{UPID_START}"}}'""",
+        ),
+        (
+            {
+                ("POST", "/nodes/pve1/qemu/100/status/start"): UPID_START,
+                ("GET", f"/nodes/pve1/tasks/{UPID_START}/status"): task_ok(UPID_START),
+                ("GET", STATUS): sequence(status("stopped"), HTML),
+            },
+            f"VM 100: waiting until it is running: GET {STATUS}: expected an object, got '<!DOCTYPE html>'",
+        ),
+    ],
+    ids=["start-post", "task-status", "status-current"],
+)
+def test_error_garbage_while_starting_names_the_endpoint(
+    answers: dict[tuple[str, str], object], message: str
+) -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config(), ("GET", STATUS): status("stopped"), **answers})
+    commands, _ = start(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == message
+    assert api.writes() == [("POST", "/nodes/pve1/qemu/100/status/start", {})]
+
+
+# --- leftovers of interrupted tasks: reported with the task and the exact command, never taken over -------
+
+TASKS = "/nodes/pve1/tasks"
+DEAD_CREATE = {
+    "upid": UPID_CREATE,
+    "node": "pve1",
+    "type": "qmcreate",
+    "id": "100",
+    "user": "root@pam",
+    "starttime": 1722000000,
+    "status": "unexpected status",
+    "endtime": 1722000005,
+}
+STUB = {"lock": "create", "digest": "5tub"}
+
+
+@pytest.mark.parametrize(
+    ("tasks", "message"),
+    [
+        (
+            [DEAD_CREATE],
+            f"VM 100 is locked (create); its last task {UPID_CREATE} no longer runs (exit status: unexpected "
+            "status): check VM 100 on pve1, remove the lock with `qm unlock 100` there, then run again",
+        ),
+        (
+            [{key: value for key, value in DEAD_CREATE.items() if key not in ("status", "endtime")}],
+            f"VM 100 is locked (create) by task {UPID_CREATE}, which still runs: run again when it has ended",
+        ),
+        (
+            [],
+            "VM 100 is locked (create) and Proxmox lists no task of it: check VM 100 on pve1, remove the "
+            "lock with `qm unlock 100` there, then run again",
+        ),
+    ],
+    ids=["dead-task", "running-task", "no-task"],
+)
+def test_error_locked_vm_is_reported_with_its_task_and_the_unlock_command(
+    tasks: list[dict[str, object]], message: str
+) -> None:
+    api = FakeApi({("GET", CONFIG_PATH): STUB, ("GET", TASKS): tasks})
+
+    with pytest.raises(OperationError) as error:
+        converge(api)
+
+    assert str(error.value) == message
+    assert api.calls[-1] == ("GET", TASKS, {"vmid": 100, "source": "all", "limit": 10})
+    assert api.writes() == []
+
+
+def test_error_locked_vm_is_not_started() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): {**created_config(), "lock": "backup"}, ("GET", TASKS): []})
+
+    with pytest.raises(OperationError) as error:
+        start(api)
+
+    assert str(error.value) == (
+        "VM 100 is locked (backup) and Proxmox lists no task of it: check VM 100 on pve1, remove the lock "
+        "with `qm unlock 100` there, then run again"
+    )
+    assert api.writes() == []
+
+
+def test_error_half_made_vm_after_an_unlock_is_reported_never_accepted() -> None:
+    half = {"scsi0": "local-lvm:200,iothread=1", "net0": "virtio,bridge=vmbr0", **CONFIG, "digest": "h1"}
+    api = FakeApi({("GET", CONFIG_PATH): half})
+
+    with pytest.raises(OperationError) as error:
+        converge(api)
+
+    assert str(error.value) == (
+        "VM 100 on pve1 was never completely created: net0 virtio,bridge=vmbr0 has no MAC address; "
+        "scsi0 local-lvm:200,iothread=1 was never allocated: pvegpu does not take it over; remove it "
+        "(`qm destroy 100`) or finish it by hand, then run again"
+    )
+    assert api.writes() == []
+
+
+def test_error_create_whose_task_was_killed_says_so_from_the_read_back() -> None:
+    store = vm_store(None)
+    api = FakeApi(
+        {
+            ("GET", CONFIG_PATH): store.get,
+            ("POST", "/nodes/pve1/qemu"): store.create(STUB, UPID_CREATE),
+            ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status"): {
+                "upid": UPID_CREATE,
+                "status": "stopped",
+                "exitstatus": "unexpected status",
+            },
+            ("GET", TASKS): [DEAD_CREATE],
+        }
+    )
+    commands, _ = converge(api)
+
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == (
+        f"VM 100 not completely created after task {UPID_CREATE}: unexpected status: VM 100 is locked "
+        "(create); its last task "
+        f"{UPID_CREATE} no longer runs (exit status: unexpected status): check VM 100 on pve1, remove the "
+        "lock with `qm unlock 100` there, then run again"
+    )
+    assert len(api.writes()) == 1

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from pvegpu.facts.pci_cfg import CfgError, parse_pci_cfg, render_pci_cfg
+from pvegpu.facts.pci_cfg import CfgError, parse_pci_cfg, render_pci_cfg, replace_map_lines
 from pvegpu.models.pve import MapEntry, MapEntryError, PciMapping, parse_map_entry
 from tests.unit.realdata import real_fixture
 
@@ -175,3 +175,30 @@ def test_real_proxmox_fixture_map_strings_parse() -> None:
     # the documented pvesh call, stored as Proxmox stores it, parses back to the same section
     stored = render_pci_cfg([PciMapping("device1", tuple(docs))])
     assert parse_pci_cfg(stored).mappings == (PciMapping("device1", tuple(docs)),)
+
+
+def test_replace_map_lines_rewrites_only_that_sections_line() -> None:
+    """The same entry text in two sections: only the named section's line changes; its spaces, the comment
+    and every other line stay as they were."""
+    new = MAP_A.replace("iommugroup=12", "iommugroup=13")
+    source = f"# c\ngpu0\n  map {MAP_A}  \n\tmdev 0\n\ngpu1\n\tmap {MAP_A}\n\tmap {MAP_B}\n"
+
+    assert replace_map_lines(source, {("gpu0", MAP_A): new}) == (
+        f"# c\ngpu0\n  map {new}  \n\tmdev 0\n\ngpu1\n\tmap {MAP_A}\n\tmap {MAP_B}\n"
+    )
+    assert replace_map_lines(source, {}) == source
+
+
+@pytest.mark.parametrize(
+    ("source", "count"),
+    [
+        (f"gpu0\n\tmap {MAP_B}\n", 0),
+        (f"gpu0\n\tmap {MAP_A}\n# c\n\tmap {MAP_A}\n", 2),
+        (f"gpu1\n\tmap {MAP_A}\n", 0),
+    ],
+)
+def test_error_replace_map_lines_needs_exactly_one_line(source: str, count: int) -> None:
+    with pytest.raises(
+        ValueError, match=rf"^section gpu0 has {count} map lines '{re.escape(MAP_A)}', not one$"
+    ):
+        replace_map_lines(source, {("gpu0", MAP_A): MAP_B})

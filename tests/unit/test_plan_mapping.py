@@ -47,6 +47,9 @@ RENUMBERED_SLOTS = [
 ]
 
 
+PVE12 = {"pve1", "pve2"}
+
+
 def line(node: str, path: str, group: int) -> str:
     return f"id=10de:2bb1,node={node},path={path},iommugroup={group},subsystem-id=10de:204b"
 
@@ -161,7 +164,7 @@ def test_diff_create_update_unchanged_and_foreign_ids_untouched(hw: dict[str, Ho
         PciMapping("nic0", ("id=8086:1592,node=pve1,path=0000:43:00.0",)),  # not pvegpu's
         PciMapping("gpu8", (line("pve1", "0000:99:00", 99),)),  # pvegpu's, no longer desired: left alone
     ]
-    assert diff_mappings(desired, current) == (
+    assert diff_mappings(desired, current, cluster={"pve1"}) == (
         MappingChange(Action.UNCHANGED, "gpu0", desired[0].map, (gui,)),
         MappingChange(Action.UPDATE, "gpu1", desired[1].map, (line("pve1", "0000:51:00", 17),)),
         MappingChange(Action.CREATE, "gpu2", desired[2].map, None),
@@ -171,16 +174,60 @@ def test_diff_create_update_unchanged_and_foreign_ids_untouched(hw: dict[str, Ho
 def test_diff_unparsable_current_entry_is_updated() -> None:
     desired = [PciMapping("gpu0", (line("pve1", "0000:41:00", 14),))]
     current = [PciMapping("gpu0", ("['node=pve1,path=0000:41:00']",))]
-    assert [c.action for c in diff_mappings(desired, current)] == [Action.UPDATE]
+    assert [c.action for c in diff_mappings(desired, current, cluster={"pve1"})] == [Action.UPDATE]
 
 
 def test_diff_line_order_does_not_matter_but_an_extra_line_does() -> None:
     a, b = line("pve1", "0000:41:00", 14), line("pve2", "0000:21:00", 16)
     desired = [PciMapping("gpu0", (a, b))]
-    assert [c.action for c in diff_mappings(desired, [PciMapping("gpu0", (b, a))])] == [Action.UNCHANGED]
-    assert [c.action for c in diff_mappings(desired, [PciMapping("gpu0", (a, b, b))])] == [Action.UPDATE]
+    assert [c.action for c in diff_mappings(desired, [PciMapping("gpu0", (b, a))], cluster=PVE12)] == [
+        Action.UNCHANGED
+    ]
+    assert [c.action for c in diff_mappings(desired, [PciMapping("gpu0", (a, b, b))], cluster=PVE12)] == [
+        Action.UPDATE
+    ]
 
 
 def test_error_diff_refuses_a_desired_id_outside_the_scheme() -> None:
     with pytest.raises(ValueError, match=r"^mapping 'nic0' is not of pvegpu's scheme gpu<N>$"):
-        diff_mappings([PciMapping("nic0", ())], [])
+        diff_mappings([PciMapping("nic0", ())], [], cluster={"pve1"})
+
+
+def test_diff_keeps_the_line_of_a_node_outside_the_cluster_verbatim() -> None:
+    ours = line("pve1", "0000:41:00", 14)
+    theirs = "path=0000:21:00,node=pve2,id=10de:2bb1"  # another admin's, GUI key order, no group
+    desired = [PciMapping("gpu0", (ours,))]
+
+    assert diff_mappings(desired, [PciMapping("gpu0", (theirs, ours))], cluster={"pve1"}) == (
+        MappingChange(Action.UNCHANGED, "gpu0", (ours, theirs), (theirs, ours), kept=(theirs,)),
+    )
+
+
+def test_diff_update_of_a_cluster_line_writes_the_kept_line_back_sorted_by_node() -> None:
+    ours, old = line("pve2", "0000:41:00", 14), line("pve2", "0000:21:00", 9)
+    theirs = line("pve1", "0000:61:00", 20)
+    desired = [PciMapping("gpu0", (ours,))]
+
+    assert diff_mappings(desired, [PciMapping("gpu0", (old, theirs))], cluster={"pve2"}) == (
+        MappingChange(Action.UPDATE, "gpu0", (theirs, ours), (old, theirs), kept=(theirs,)),
+    )
+
+
+def test_diff_replaces_the_line_of_a_node_in_the_cluster() -> None:
+    a, b = line("pve1", "0000:41:00", 14), line("pve2", "0000:41:00", 14)
+    stale = line("pve2", "0000:21:00", 9)
+    desired = [PciMapping("gpu0", (a, b))]
+
+    assert diff_mappings(desired, [PciMapping("gpu0", (a, stale))], cluster=PVE12) == (
+        MappingChange(Action.UPDATE, "gpu0", (a, b), (a, stale)),
+    )
+
+
+def test_diff_replaces_an_unreadable_entry_it_cannot_attribute_to_a_node() -> None:
+    ours = line("pve1", "0000:41:00", 14)
+    broken = "node=pve2,path=0000:21:00"  # no id: Proxmox itself refuses it
+    desired = [PciMapping("gpu0", (ours,))]
+
+    assert diff_mappings(desired, [PciMapping("gpu0", (ours, broken))], cluster={"pve1"}) == (
+        MappingChange(Action.UPDATE, "gpu0", (ours,), (ours, broken)),
+    )

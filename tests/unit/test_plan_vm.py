@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from pvegpu.facts.pve import PveSetupError, api_spec, connect, read_token
+from pvegpu.facts.pve import PveSetupError, api_spec, connect
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import GpuSelector
 from pvegpu.models.pve_api import PveApiSpec
@@ -47,17 +45,6 @@ def test_error_https_without_token() -> None:
     with pytest.raises(InventoryError) as error:
         api_spec({"pve": {"backend": "https"}})
     assert str(error.value) == "pve: the https backend needs token_id and token_file"
-
-
-def test_read_token_needs_mode_0600(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("0f6c5b7e-secret\n")
-    token.chmod(0o644)
-    with pytest.raises(PveSetupError) as error:
-        read_token(str(token))
-    assert str(error.value) == f"pve.token_file {token}: must be a regular file with mode 0600"
-    token.chmod(0o600)
-    assert read_token(str(token)) == "0f6c5b7e-secret"
 
 
 def test_error_ssh_backend_without_an_address() -> None:

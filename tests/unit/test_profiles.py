@@ -22,7 +22,7 @@ from pvegpu.plan.profile import HostProfile, held_by_vfio, host_profile, profile
 from pvegpu.plan.reboot import pending_reasons
 from pvegpu.plan.topology import plan_topology
 from pvegpu.pve import PveError
-from tests.unit.fake_pve import UPID_START, FakeApi, execute, sequence, task_ok
+from tests.unit.fake_pve import UPID_START, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.hostdata import RTX, fn, two_cards, written_files
 from tests.unit.op_harness import run_op
 
@@ -188,6 +188,11 @@ def vm(onboot: int | None = 1, hostpci: str = "mapping=gpu0,pcie=1") -> dict[str
     return values
 
 
+def vm_store(values: dict[str, object]) -> ConfigStore:
+    missing = PveError(500, "Configuration file 'nodes/pve1/qemu-server/100.conf' does not exist")
+    return ConfigStore(values, missing=missing, mismatch="checksum mismatch (file change by other user?)")
+
+
 def status(state: str) -> dict[str, object]:
     return {"vmid": 100, "status": state, "qmpstatus": state, "name": "llm"}
 
@@ -208,11 +213,12 @@ def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
 
 
 def test_update_running_vm_onboot_cleared_then_stopped() -> None:
+    store = vm_store(vm())
     api = FakeApi(
         {
-            ("GET", CONFIG): vm(),
+            ("GET", CONFIG): store.get,
             ("GET", STATUS): sequence(status("running"), status("stopped")),
-            ("PUT", CONFIG): None,
+            ("PUT", CONFIG): store.put,
             ("POST", STOP): UPID_STOP,
             ("GET", TASK_STOP): task_ok(UPID_STOP),
         }
@@ -242,10 +248,15 @@ def test_noop_running_vm_not_allowed_says_what_it_would_do() -> None:
 
 
 def test_update_stopped_vm_only_onboot_cleared_even_when_not_allowed() -> None:
-    api = FakeApi({("GET", CONFIG): vm(), ("GET", STATUS): status("stopped"), ("PUT", CONFIG): None})
+    store = vm_store(vm())
+    api = FakeApi(
+        {("GET", CONFIG): store.get, ("GET", STATUS): status("stopped"), ("PUT", CONFIG): store.put}
+    )
 
     commands, _ = park(api, allow=False)
     execute(commands)
+
+    assert store.values == {**vm(onboot=None), "onboot": 0, "digest": "c0ffee+"}
 
     assert api.writes() == [("PUT", CONFIG, {"onboot": 0, "digest": "c0ffee"})]
 

@@ -12,10 +12,9 @@ import pytest
 
 from lab.standins.sglang_serve import merge_config
 from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
-from pvegpu.models.secret_file import SecretFile, SecretFileKind
+from pvegpu.models.secret_file import SecretFile, SecretFileKind, secret_file_problems
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.render import render
-from pvegpu.plan.secret_files import secret_file_problems
 from pvegpu.plan.sglang_service import key_file_problems
 
 KEY = "k3y-Not/Printed+="

@@ -5,6 +5,8 @@
   instead: an OperationError is logged as one error line for the host (`[pve1] mapping gpu0 not created:
   POST /cluster/mapping/pci: ...`) and the command returns False, which fails the host and stops its later
   commands. Any other exception is a bug and escapes with its traceback.
+- `attempt(write)` / `what_came_back(failure, endpoint)`: a write's PveError kept rather than raised, and
+  the sentence saying what came back, so the caller reads the resource back before deciding what happened.
 - `one_line_errors`: for an operation body (a generator). While pyinfra executes (`-y` skips change
   detection, so bodies run then), an OperationError raised by the body escapes through gevent, which
   prints a traceback before pyinfra's one-line `Operation error`; this turns it into a failing
@@ -24,6 +26,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
+
+from pvegpu.pve import PveError
 
 _P = ParamSpec("_P")
 
@@ -66,3 +70,17 @@ def one_line_errors(
 
 def _fail(message: str) -> None:
     raise OperationError(message)
+
+
+def attempt(write: Callable[[], object]) -> PveError | None:
+    """Run `write`; its PveError, None when it answered without one (which proves nothing yet)."""
+    try:
+        write()
+    except PveError as error:
+        return error
+    return None
+
+
+def what_came_back(failure: PveError | None, endpoint: str) -> str:
+    """What the write's endpoint answered, for a message: its error's first line, or that it had none."""
+    return failure.line if failure is not None else f"{endpoint} answered without an error"

@@ -22,7 +22,7 @@ A failed read names the endpoint and what came back (`PveError.line`); nothing i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Collection, Generator, Sequence
 from dataclasses import replace
 
 from pyinfra import logger
@@ -32,7 +32,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.models.pve import MapEntry, MapEntryError, MappingState, PciMapping, Severity, parse_map_entry
-from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.plan.mapping import Action, MappingChange, diff_mappings, managed_index
 from pvegpu.pve import PveClient, PveError
 
@@ -135,12 +135,12 @@ def _log_checks(state: MappingState, node: str, prefix: str) -> None:
 
 def _create(api: PveClient, mapping: PciMapping) -> None:
     endpoint = "POST /cluster/mapping/pci"
-    failure = _attempt(lambda: api.create_mapping(mapping))
+    failure = attempt(lambda: api.create_mapping(mapping))
     now = _read_back(api, mapping, failure, endpoint, "created")
     if now is not None and now.mapping.map == mapping.map:
         _accepted(mapping.id, failure)
         return
-    said = _said(failure, endpoint)
+    said = what_came_back(failure, endpoint)
     if now is None:
         found = "" if failure else f", but GET /cluster/mapping/pci/{mapping.id} finds no such mapping"
         raise OperationError(f"mapping {mapping.id} not created: {said}{found}")
@@ -158,29 +158,16 @@ def _update(api: PveClient, mapping: PciMapping, seen: tuple[str, ...]) -> None:
             f"mapping {mapping.id} changed since pvegpu read it ({held}): not overwritten; run again"
         )
     endpoint = f"PUT /cluster/mapping/pci/{mapping.id}"
-    failure = _attempt(lambda: api.update_mapping(mapping, now.digest))
+    failure = attempt(lambda: api.update_mapping(mapping, now.digest))
     after = _read_back(api, mapping, failure, endpoint, "updated")
     if after is not None and after.mapping.map == mapping.map:
         _accepted(mapping.id, failure)
         return
-    said = _said(failure, endpoint)
+    said = what_came_back(failure, endpoint)
     if after is not None and after.digest == now.digest:
         unchanged = "" if failure else ", but reading it back shows it unchanged"
         raise OperationError(f"mapping {mapping.id} not updated, nothing overwritten: {said}{unchanged}")
     raise OperationError(_not_ours(mapping, after, said))
-
-
-def _attempt(write: Callable[[], None]) -> PveError | None:
-    """Run `write`; its PveError, None when it answered without one (which proves nothing yet)."""
-    try:
-        write()
-    except PveError as error:
-        return error
-    return None
-
-
-def _said(failure: PveError | None, endpoint: str) -> str:
-    return failure.line if failure is not None else f"{endpoint} answered without an error"
 
 
 def _read_back(
@@ -191,8 +178,8 @@ def _read_back(
         return api.mapping(mapping.id)
     except PveError as error:
         raise OperationError(
-            f"mapping {mapping.id}: {_said(failure, endpoint)}; reading it back failed: {error.line}; "
-            f"whether it was {done} is unknown, nothing more written; run again"
+            f"mapping {mapping.id}: {what_came_back(failure, endpoint)}; reading it back failed: "
+            f"{error.line}; whether it was {done} is unknown, nothing more written; run again"
         ) from None
 
 

@@ -32,7 +32,7 @@ from pyinfra.api.state import State
 from pyinfra.context import host
 
 from pvegpu.models.pve import GuestConfig
-from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.plan.guest_leftovers import unfinished
 from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
 from pvegpu.wait import WaitTimeoutError, wait_until
@@ -210,10 +210,10 @@ Diff = Callable[[Mapping[str, object]], ConfigChange]
 
 def _create(guest: Guest, params: Mapping[str, str], diff: Diff, timeout_s: float) -> None:
     endpoint = f"POST /nodes/{guest.node}/{guest.kind.path}"
-    failure = _attempt(
+    failure = attempt(
         lambda: guest.api.wait_task(guest.kind.create(guest.api, guest.node, guest.vmid, params), timeout_s)
     )
-    said = _said(failure, endpoint)
+    said = what_came_back(failure, endpoint)
     after = _read_back(guest, said, "created")
     if after is None:
         found = "" if failure else f", but GET {guest.config_endpoint} finds no config"
@@ -234,10 +234,10 @@ def _create(guest: Guest, params: Mapping[str, str], diff: Diff, timeout_s: floa
 
 def _update(guest: Guest, change: ConfigChange, before: GuestConfig, diff: Diff) -> None:
     endpoint = f"PUT {guest.config_endpoint}"
-    failure = _attempt(
+    failure = attempt(
         lambda: guest.kind.update(guest.api, guest.node, guest.vmid, change.set, before.digest, change.delete)
     )
-    said = _said(failure, endpoint)
+    said = what_came_back(failure, endpoint)
     after = _read_back(guest, said, "updated")
     if after is None:
         raise OperationError(f"{guest.label} is gone after {said}")
@@ -257,19 +257,6 @@ def _half_made(guest: Guest, marks: Sequence[str]) -> str:
         f"take it over; remove it (`{guest.kind.cli} destroy {guest.vmid}`) or finish it by hand, then run "
         "again"
     )
-
-
-def _attempt(write: Callable[[], object]) -> PveError | None:
-    """Run `write`; its PveError, None when it answered without one (which proves nothing yet)."""
-    try:
-        write()
-    except PveError as error:
-        return error
-    return None
-
-
-def _said(failure: PveError | None, endpoint: str) -> str:
-    return failure.line if failure is not None else f"{endpoint} answered without an error"
 
 
 def _read_back(guest: Guest, said: str, done: str) -> GuestConfig | None:
@@ -443,10 +430,8 @@ def guest_parked(
 
 
 def _no_onboot(guest: Guest, digest: str, onboot: object) -> None:
-    failure = _attempt(
-        lambda: guest.kind.update(guest.api, guest.node, guest.vmid, {"onboot": 0}, digest, ())
-    )
-    said = _said(failure, f"PUT {guest.config_endpoint}")
+    failure = attempt(lambda: guest.kind.update(guest.api, guest.node, guest.vmid, {"onboot": 0}, digest, ()))
+    said = what_came_back(failure, f"PUT {guest.config_endpoint}")
     after = _read_back(guest, said, "updated")
     if after is not None and str(after.values.get("onboot", "0")) == "0":
         _accepted(guest, failure)

@@ -3,14 +3,13 @@ warning naming it when the inventory loads (once, whatever the groups it is in),
 
 from __future__ import annotations
 
-import os
 import runpy
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from pvegpu.models.host_keys import host_key_warnings
+from tests.unit.inventory_cli import doctor_with_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = {"name": "pve1", "gpus": {"ids": ["10de:2bb1"], "count": 8}}
@@ -60,25 +59,12 @@ def test_pyinfra_cli_warns_once_naming_the_host_and_goes_on(tmp_path: Path) -> N
     on to connect (the name cannot resolve, .invalid, so the run then fails there)."""
     host = "pve-unchecked.invalid"
     data = {"ssh_strict_host_key_checking": "no", "node": {**NODE, "profile": "vm"}}
-    (tmp_path / "inventory.py").write_text(
+    result = doctor_with_inventory(
+        tmp_path,
         "from pvegpu.guest_inventory import exit_on_invalid_guests\n"
         "from pvegpu.models.inventory import exit_on_invalid\n"
         f"pve_nodes = exit_on_invalid([({host!r}, {data!r})])\n"
-        f"baremetal_hosts = exit_on_invalid_guests(pve_nodes)\n"
-    )
-    result = subprocess.run(
-        [
-            str(REPO / ".venv/bin/pyinfra"),
-            "-y",
-            str(tmp_path / "inventory.py"),
-            str(REPO / "deploy/doctor.py"),
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        f"baremetal_hosts = exit_on_invalid_guests(pve_nodes)\n",
     )
     warning = f"warning: {host}: ssh_strict_host_key_checking is 'no': {TRUST_ANY}; {FIX}"
     assert result.stderr.splitlines().count(warning) == 1, result.stderr

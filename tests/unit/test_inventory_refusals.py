@@ -7,13 +7,12 @@ first); a handful run the real pyinfra CLI on a generated inventory file (`deplo
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from pvegpu.guest_inventory import exit_on_invalid_guests
+from tests.unit.inventory_cli import doctor_with_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cr3t-DO-NOT-PRINT"
@@ -230,23 +229,10 @@ def test_error_pyinfra_cli_exits_2_before_connecting(case_id: str, tmp_path: Pat
     name cannot resolve (.invalid), so a connection attempt could not go unnoticed."""
     [(data, lines)] = [(d, lines) for i, d, lines in CASES if i == case_id]
     host = "pve-nonexistent.invalid"
-    (tmp_path / "inventory.py").write_text(
+    result = doctor_with_inventory(
+        tmp_path,
         "from pvegpu.guest_inventory import exit_on_invalid_guests\n"
-        f"hosts = exit_on_invalid_guests([({host!r}, {data!r})])\n"
-    )
-    result = subprocess.run(
-        [
-            str(REPO / ".venv/bin/pyinfra"),
-            "-y",
-            str(tmp_path / "inventory.py"),
-            str(REPO / "deploy/doctor.py"),
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        f"hosts = exit_on_invalid_guests([({host!r}, {data!r})])\n",
     )
     output = result.stdout + result.stderr
     assert (result.returncode, result.stdout) == (2, "")

@@ -1,6 +1,7 @@
 """Inventory of a real Proxmox VE node: set the address, the node name and the GPU model, then deploy.
 
-    pyinfra inventory.py deploy/site.py         # host, mappings + VM, then the guest (group vm_guests)
+    pyinfra inventory.py deploy/site.py         # host, mappings + VM from a cloud image, started
+    pyinfra inventory.py deploy/site.py         # again: the VM's guest (group vm_guests) serves SGLang
     pyinfra inventory.py deploy/doctor.py       # read-only report
 
 The data is validated when pyinfra loads this file, before it connects anywhere: a problem prints
@@ -9,14 +10,23 @@ hosts with another profile; the lab has its own inventory (inventory/lab.py). Ev
 README's variable tables.
 
 SSH host keys are checked strictly against `known_hosts` beside this file, never trusted on first use:
-record each host's key there before the first run (README, "Security": compare it with the key the host
-shows on its console).
+record the node's key there before the first run (README, "Security": compare it with the key the host
+shows on its console). The VM's guest needs nothing: pvegpu generates its host key and a login key in
+`guest-keys/` beside this file (0600), gives them to the guest through cloud-init and writes the host key's
+line into `known_hosts`; `guests_of` then lists the guest in `vm_guests`. Two runs from an empty node to
+serving: pyinfra connects to every host before its first operation, so the guest, made by the first run,
+is served by the second.
 """
 
 from pathlib import Path
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
+from pvegpu.guest_inventory import guests_of
 from pvegpu.models.inventory import exit_on_invalid
+
+# Debian 12's cloud image. `latest/` moves with each build: take the checksum from the SHA512SUMS beside it
+# on the day the VM is made (or use a dated build directory). The node keeps the file; later runs never
+# download it again.
+DEBIAN_12_IMAGE = "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2"
 
 # Every host's SSH settings; inventory/baremetal.py and inventory/lxc.py reuse them.
 SSH = {
@@ -45,7 +55,19 @@ pve_nodes = exit_on_invalid(
                     "token_file": "/etc/pvegpu/pve-token",
                 },
                 # `args` (the OVMF MMIO window) needs root@pam: with a token, use CPU phys-bits instead.
-                "vm": {"vmid": 100, "name": "llm", "cores": 64, "memory": 786432, "mmio": "phys-bits"},
+                "vm": {
+                    "vmid": 100,
+                    "name": "llm",
+                    "cores": 64,
+                    "memory": 786432,
+                    "mmio": "phys-bits",
+                    "disk": {"size_gib": 400},
+                    # Downloaded by the node; a wrong checksum stops the run before the VM is made, naming
+                    # both sums: replace the zeros with the image's SHA512.
+                    "image": {"url": DEBIAN_12_IMAGE, "checksum": "0" * 128, "checksum_algorithm": "sha512"},
+                    "ipconfig": "ip=192.0.2.50/24,gw=192.0.2.1",  # or "ip=dhcp": the guest agent reports it
+                    # "ssh_public_keys": ["ssh-ed25519 AAAA... you@desk"],  # your own login, besides pvegpu's
+                },
                 # Declared here so that switching back from the `lxc` profile stops it; add
                 # "ssh_public_keys": ["ssh-ed25519 AAAA... you@desk"] so pyinfra can reach it (lxc_guests).
                 "lxc": {"vmid": 200, "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"},
@@ -54,16 +76,9 @@ pve_nodes = exit_on_invalid(
     ]
 )
 
-# The VM's guest, once it is up: the NVIDIA driver and the SGLang service (deploy/guest.py, deploy/site.py).
-vm_guests = exit_on_invalid_guests(
-    [
-        (
-            "llm.example.net",
-            {
-                **SSH,
-                "node": {"name": "llm", "profile": "vm", "gpus": {"ids": ["10de:2bb1"], "count": 8}},
-                "sglang": {"model_path": "/srv/models/GLM-5-NVFP4", "served_model_name": "glm-5"},
-            },
-        ),
-    ]
-)
+# What the VM's guest serves (inventory/baremetal.py and inventory/lxc.py serve it elsewhere).
+SERVING = {"sglang": {"model_path": "/srv/models/GLM-5-NVFP4", "served_model_name": "glm-5"}}
+
+# The VM's guest, once pvegpu has made it (named after the VM, at its address, as root with its login key):
+# the NVIDIA driver and the SGLang service (deploy/guest.py, deploy/site.py).
+vm_guests = guests_of(pve_nodes, SERVING)

@@ -14,7 +14,7 @@ from pvegpu.models.inventory import exit_on_invalid
 from pvegpu.profile_inventory import serving
 
 _base = runpy.run_path(str(Path(__file__).resolve().parents[1] / "inventory.py"))
-_guest = _base["vm_guests"][0][1]
+_guest = _base["SERVING"]
 
 pve_nodes = exit_on_invalid([(name, serving(data, _guest, "baremetal")) for name, data in _base["pve_nodes"]])
 # The nodes serve themselves: deploy/site.py runs SGLang on this group.

@@ -1,8 +1,10 @@
 """pyinfra inventory of the lab: every host `python -m lab up` started, as a Proxmox node (group `pve_nodes`),
-every VM guest host (a Q35 guest topology, e.g. `python -m lab.guest_payload NAME`) in group `vm_guests`,
-and every container host a Proxmox lab node started for a CT (lab.pve.container) in group `lxc_guests`;
-guests of both kinds get `driver` and `sglang` data pointing at their local stand-in sources
-(lab/guest_payload.py), a container's `node.profile` is `lxc`.
+the guests of the nodes' VMs in group `vm_guests` as inventory.py derives them (`guests_of`: once pvegpu has
+made the VM from the lab's stand-in Debian cloud image, reached at its static address with the login and
+host keys pvegpu generated), plus any other guest host the lab identifies itself (an installed VM, a test's
+own `python -m lab.guest_payload NAME`), and every container host a Proxmox lab node started for a CT
+(lab.pve.container) in group `lxc_guests`; guests of both kinds get `driver` and `sglang` data pointing at
+their local stand-in sources (lab/guest_payload.py), a container's `node.profile` is `lxc`.
 
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
@@ -23,10 +25,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lab import guest_payload
-from lab.hosts import LabHost, known_hosts_path, list_hosts
+from lab import guest_payload, images
+from lab.hosts import SYSFS_ROOT, LabHost, known_hosts_path, list_hosts
 from lab.pve import node as pve_node
-from pvegpu.guest_inventory import exit_on_invalid_guests
+from pvegpu.guest_inventory import exit_on_invalid_guests, guests_of
 from pvegpu.models.inventory import exit_on_invalid
 
 
@@ -68,7 +70,12 @@ if not _hosts:
 
 
 def _is_guest(host: LabHost) -> bool:
-    return host.topology.startswith("q35-")  # lab.pve.guest.q35_guest names its topologies so
+    return host.topology.startswith(("q35-", "i440fx-"))  # lab.pve.guest names its topologies so
+
+
+def _is_cloud_guest(host: LabHost) -> bool:
+    """A guest cloud-init set up: its host key is pvegpu's, not the lab's (guests_of lists it)."""
+    return _is_guest(host) and not host.host_key_recorded
 
 
 def _is_container(host: LabHost) -> bool:
@@ -87,10 +94,28 @@ GUEST_DATA: dict[str, Any] = {
 # A node's own driver (profiles `lxc`, `baremetal`) comes from the same stand-in repository, reboot allowed.
 PVE_DATA: dict[str, Any] = {
     "pve_host": {"allow_reboot": True},
-    "vm": {"vmid": 100, "name": "llm", "cores": 4, "memory": 8192, "disk": {"size_gib": 32}},
     "pve": {"backend": "ssh"},
     "driver": {**GUEST_DATA["driver"], "allow_reboot": True},
 }
+IMAGE = "debian-12-genericcloud-amd64.qcow2"
+VMID = 100
+
+
+def _vm(host: LabHost) -> dict[str, Any]:
+    """The node's VM: named as the lab names its guest host, made from the stand-in Debian cloud image the
+    node downloads from the lab's image server, at a static lab address of its own (lab.cloud_init)."""
+    net = host.index + 100
+    return {
+        "vmid": VMID,
+        "name": f"{host.name}v{VMID}",
+        "cores": 4,
+        "memory": 8192,
+        "disk": {"size_gib": 32},
+        "image": {"url": images.image_url(host, IMAGE), "checksum": images.image_checksum(IMAGE)},
+        "ipconfig": f"ip=10.200.{net}.2/24,gw=10.200.{net}.1",
+    }
+
+
 CONTAINER: dict[str, Any] = {
     "vmid": 200,
     "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst",
@@ -103,7 +128,7 @@ def _pve(host: LabHost) -> dict[str, Any]:
         return {}
     serving = {"sglang": GUEST_DATA["sglang"]} if PROFILE == "baremetal" else {}
     container = {"lxc": CONTAINER} if PROFILE == "lxc" else {}
-    return {**PVE_DATA, **serving, **container}
+    return {**PVE_DATA, "vm": _vm(host), **serving, **container}
 
 
 pve_nodes = exit_on_invalid(
@@ -117,12 +142,20 @@ pve_nodes = exit_on_invalid(
 baremetal_hosts = exit_on_invalid_guests([(name, data) for name, data in pve_nodes if "sglang" in data])
 # As inventory.py, inventory/lxc.py and inventory/baremetal.py do: the VMs' guests serve on `vm`, the
 # containers on `lxc` (a guest of the profile not in use is stopped by the switch).
-vm_guests = exit_on_invalid_guests(
+vm_guests = (
     [
-        (host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)})
-        for host in _hosts
-        if _is_guest(host) and PROFILE == "vm"
+        # A cloud-init guest runs under systemd-nspawn: its fake sysfs is where lab.hosts puts it then.
+        *guests_of(pve_nodes, {**GUEST_DATA, "node": {"sysfs_root": SYSFS_ROOT["nspawn"]}}),
+        *exit_on_invalid_guests(
+            [
+                (host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)})
+                for host in _hosts
+                if _is_guest(host) and not _is_cloud_guest(host)
+            ]
+        ),
     ]
+    if PROFILE == "vm"
+    else []
 )
 lxc_guests = exit_on_invalid_guests(
     [

@@ -17,7 +17,7 @@ from pvegpu.models.inventory import exit_on_invalid
 from pvegpu.profile_inventory import serving, with_profile
 
 _base = runpy.run_path(str(Path(__file__).resolve().parents[1] / "inventory.py"))
-_guest = _base["vm_guests"][0][1]
+_guest = _base["SERVING"]
 
 # The container, unless inventory.py declares it (declare it there: switching back to `vm` then stops it):
 # set the template your node has (`pveam list local`).

@@ -5,6 +5,7 @@ python -m lab retopo NAME TOPOLOGY
 python -m lab down NAME | --all
 python -m lab status
 python -m lab ssh NAME [CMD...]
+python -m lab seed-vm NODE VMID --esp|--no-esp
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import cast
 
 from lab import boot, fakesys, guest_payload, hosts, root
 from lab.pve import node as pve_node
+from lab.pve import seed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     which = down.add_mutually_exclusive_group(required=True)
     which.add_argument("name", nargs="?")
     which.add_argument("--all", action="store_true")
+    seeding = commands.add_parser(
+        "seed-vm", help="an installed i440FX/SeaBIOS VM (stopped) on a Proxmox lab node (lab/pve/seed.py)"
+    )
+    seeding.add_argument("name")
+    seeding.add_argument("vmid", type=int)
+    seeding.add_argument(
+        "--esp",
+        action=argparse.BooleanOptionalAction,
+        required=True,
+        help="whether its disk has an EFI system partition with a boot loader",
+    )
     commands.add_parser("status", help="list the lab's hosts")
     ssh = commands.add_parser("ssh", help="run a command on a host (or a shell), host key checked")
     ssh.add_argument("name")
@@ -87,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             names = hosts.down_all() if args.all else [args.name] if hosts.down(args.name) else []
             print("stopped: " + (" ".join(names) or "nothing"))
+        elif args.command == "seed-vm":
+            print(seed.seed_vm(args.name, args.vmid, args.esp))
         elif args.command == "status":
             for host in hosts.list_hosts():
                 print(_describe(host))

@@ -32,7 +32,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -79,6 +79,8 @@ class LabHost:
     host_key: str
     sysfs_root: str
     cmdline_path: str
+    # False for a cloud-init guest: its deployer records its key (the lab's known_hosts keeps that line).
+    host_key_recorded: bool = True
 
     @property
     def address(self) -> str:
@@ -121,7 +123,8 @@ def run_dir() -> Path:
 
 
 def known_hosts_path() -> Path:
-    """The lab's known_hosts file: one line per running host, rewritten by every up/down."""
+    """The lab's known_hosts file: one line per running host whose key the lab records, rewritten by every
+    up/down; lines the lab does not own (e.g. a cloud-init guest's, written by pvegpu) are kept."""
     return run_dir() / "known_hosts"
 
 
@@ -146,8 +149,17 @@ def get_host(name: str) -> LabHost:
     return LabHost(**json.loads(record.read_text()))
 
 
+def login_key(host: LabHost) -> Path:
+    """The key that logs in to `host` as root: the lab's for a host it made; for a guest cloud-init set up,
+    the login key pvegpu generated for it (the lab inventory names the VM as the lab names its guest)."""
+    if host.host_key_recorded:
+        return host.key
+    return known_hosts_path().parent / GUEST_KEYS_DIR / f"{host.name}_login_ed25519"
+
+
 def ssh_argv(host: LabHost, *command: str) -> list[str]:
-    """An OpenSSH command line into `host` that checks its host key against the lab's known_hosts."""
+    """An OpenSSH command line into `host` as root (`login_key`) that checks its host key against the lab's
+    known_hosts (where pvegpu records a cloud-init guest's)."""
     # -F /dev/null: the user's ~/.ssh/config has no say (no StrictHostKeyChecking=no from a `Host *`).
     options = [
         "IdentitiesOnly=yes",
@@ -156,7 +168,7 @@ def ssh_argv(host: LabHost, *command: str) -> list[str]:
         "StrictHostKeyChecking=yes",
         "LogLevel=ERROR",
     ]
-    login = ["-i", str(host.key), f"root@{host.address}"]
+    login = ["-i", str(login_key(host)), f"root@{host.address}"]
     return [
         "ssh",
         "-F",
@@ -173,13 +185,22 @@ def up(
     mode: Mode = "netns",
     replace: bool = False,
     driver: str = "nvidia",
+    *,
+    index: int | None = None,
+    record_host_key: bool = True,
+    customize: Callable[[Path], None] | None = None,
 ) -> LabHost:
     """Start host `name` with the fake sysfs of `topology` (a name in `fakesys.TOPOLOGIES`, or a description,
     e.g. a VM guest's from lab.pve.guest), NVIDIA cards bound to `driver`; return once its sshd answers.
 
+    `index`: the address 10.200.<index>.2 it must get (default: the first free one). `customize(root)` runs
+    on the host's root after the lab wrote its identity and before anything starts (a cloud-init guest's first
+    boot: lab.cloud_init); the host key is read back afterwards. `record_host_key=False`: the lab's
+    known_hosts file does not get the host's key (a cloud-init guest, whose deployer records it).
+
     Raises `LabError` when the name is invalid or taken (unless `replace`: the old host is stopped first),
-    the topology is unknown, or the host does not come up (its log is in the message); a failed start is
-    cleaned up before raising.
+    the index is taken or out of range, the topology is unknown, or the host does not come up (its log is in
+    the message); a failed start is cleaned up before raising.
     """
     if not _NAME.fullmatch(name):
         raise LabError(f"host name {name!r}: use 1-11 lowercase letters and digits, starting with a letter")
@@ -196,10 +217,20 @@ def up(
             raise LabError(f"lab host {name!r} is already up; stop it with: python -m lab down {name}")
         if Path("/run/netns", netns_name(name)).exists():
             raise LabError(f"network namespace {netns_name(name)} exists, but not as a lab host: remove it")
-        index = _free_index()
+        index = _free_index() if index is None else _requested_index(index)
         state.mkdir(parents=True)
         try:
-            host = _start(name, topology, mode, index=index, base=base, state=state, driver=driver)
+            host = _start(
+                name,
+                topology,
+                mode,
+                index=index,
+                base=base,
+                state=state,
+                driver=driver,
+                record_host_key=record_host_key,
+                customize=customize,
+            )
         except BaseException:
             _stop(name)
             raise
@@ -215,9 +246,33 @@ def down(name: str) -> bool:
     for dependent in dependents(name):
         down(dependent)
     with _locked():
+        record = run_dir() / name / "host.json"
+        stopped = LabHost(**json.loads(record.read_text())) if record.is_file() else None
         found = _stop(name)
-        _write_known_hosts()
+        released = {stopped.address} if stopped and stopped.host_key_recorded else set()
+        _write_known_hosts(released=released, forgotten=_forget_guest_keys(name))
     return found
+
+
+# pvegpu's key files for the guest of VM <vmid> on node <name> (pvegpu/guest_keys.py), named after the VM,
+# which the lab inventory names `<node>v<vmid>` as the lab names the guest host.
+GUEST_KEYS_DIR = "guest-keys"
+
+
+def _forget_guest_keys(name: str) -> set[str]:
+    """A node going down takes its VMs with it: remove the key files pvegpu made for their guests (a node of
+    the same name later gets new VMs, which must not be trusted with the old keys); the public host keys
+    removed, whose known_hosts lines go too."""
+    folder = known_hosts_path().parent / GUEST_KEYS_DIR
+    pattern = re.compile(rf"{re.escape(name)}v\d+(_login)?_ed25519(\.pub)?|{re.escape(name)}v\d+\.address")
+    forgotten: set[str] = set()
+    for path in sorted(folder.glob(f"{name}v*")) if folder.is_dir() else []:
+        if not pattern.fullmatch(path.name):
+            continue
+        if path.name.endswith("_ed25519.pub") and "_login" not in path.name:
+            forgotten.add(" ".join(path.read_text().split()[:2]))
+        path.unlink()
+    return forgotten
 
 
 def down_all() -> list[str]:
@@ -232,7 +287,16 @@ def down_all() -> list[str]:
 
 
 def _start(
-    name: str, topology: str | Topology, mode: Mode, *, index: int, base: Path, state: Path, driver: str
+    name: str,
+    topology: str | Topology,
+    mode: Mode,
+    *,
+    index: int,
+    base: Path,
+    state: Path,
+    driver: str,
+    record_host_key: bool,
+    customize: Callable[[Path], None] | None,
 ) -> LabHost:
     merged = state / "merged"
     for layer in ("upper", "work", "merged"):
@@ -240,6 +304,9 @@ def _start(
     layers = f"lowerdir={base},upperdir={state / 'upper'},workdir={state / 'work'}"
     _run("mount", "-t", "overlay", "overlay", "-o", layers, merged)
     host_key = _write_identity(name, merged, state)
+    if customize is not None:
+        customize(merged)
+        host_key = _host_key_line(merged)
 
     sysfs_root, cmdline_path = SYSFS_ROOT[mode], CMDLINE_PATH[mode]
     tree = merged / sysfs_root.lstrip("/")
@@ -269,6 +336,7 @@ def _start(
         host_key=host_key,
         sysfs_root=sysfs_root,
         cmdline_path=cmdline_path,
+        host_key_recorded=record_host_key,
     )
     _wait_for_sshd(host, process, state / "console.log")
     (state / "host.json").write_text(json.dumps(asdict(host), indent=1) + "\n")
@@ -286,7 +354,16 @@ def _write_identity(name: str, merged: Path, state: Path) -> str:
     ssh_dir = merged / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     shutil.copyfile(state / "id_ed25519.pub", ssh_dir / "authorized_keys")
-    key_type, key_data = host_key.with_suffix(".pub").read_text().split()[:2]
+    return _host_key_line(merged)
+
+
+def _host_key_line(merged: Path) -> str:
+    """`<type> <base64>` of the host's ed25519 host key (the one the lab's sshd serves); "" when it has none
+    (its sshd will not start)."""
+    public = merged / "etc/ssh/ssh_host_ed25519_key.pub"
+    if not public.is_file():
+        return ""
+    key_type, key_data = public.read_text().split()[:2]
     return f"{key_type} {key_data}"
 
 
@@ -551,9 +628,44 @@ def _free_index() -> int:
     raise LabError(f"all {_MAX_INDEX} lab addresses are in use; stop hosts with: python -m lab down --all")
 
 
-def _write_known_hosts() -> None:
-    lines = [f"{host.address} {host.host_key}\n" for host in list_hosts()]
+def _requested_index(index: int) -> int:
+    """`index` when its address is free (LabError naming what holds it otherwise)."""
+    if not 1 <= index <= _MAX_INDEX:
+        raise LabError(f"lab address index {index} is out of range (1-{_MAX_INDEX})")
+    holders = [host.name for host in list_hosts() if host.index == index]
+    addresses = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show"], check=True, capture_output=True, text=True
+    ).stdout
+    if holders or f" 10.200.{index}.1/" in addresses:
+        holder = f"lab host {holders[0]}" if holders else "another network interface"
+        raise LabError(f"lab address 10.200.{index}.2 is taken by {holder}")
+    return index
+
+
+def _line_names(line: str, addresses: set[str]) -> bool:
+    """Whether known_hosts `line` is about one of `addresses` (plain host patterns; hashed ones never)."""
+    fields = line.split()
+    if fields and fields[0].startswith("@"):
+        fields = fields[1:]
+    return bool(fields) and any(name in addresses for name in fields[0].split(","))
+
+
+def _write_known_hosts(released: set[str] | None = None, forgotten: set[str] | None = None) -> None:
+    """One line per host whose key the lab records. The lab owns every line about those hosts' addresses and
+    about `released` (addresses of recorded hosts just stopped): a line there is stale or planted; and every
+    line of a key in `forgotten` (`<type> <base64>` of a gone node's guests). Other lines (a cloud-init
+    guest's, written by pvegpu; comments) are kept as they are, before the lab's."""
+    recorded = [host for host in list_hosts() if host.host_key_recorded]
+    owned = {host.address for host in recorded} | (released or set())
     path = known_hosts_path()
+    previous = path.read_text().splitlines() if path.is_file() else []
+    gone = forgotten or set()
+    kept = [
+        f"{line}\n"
+        for line in previous
+        if not _line_names(line, owned) and " ".join(line.split()[1:3]) not in gone
+    ]
+    lines = kept + [f"{host.address} {host.host_key}\n" for host in recorded]
     partial = path.with_name(path.name + ".partial")
     partial.write_text("".join(lines))
     partial.rename(path)

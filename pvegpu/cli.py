@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from pvegpu.facts.errors import FactCommandError, FactParseError
-from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.facts.hardware_parse import read_hardware_locally  # stdlib parser: no pyinfra import (startup)
+from pvegpu.facts.parsing import FactCommandError, ParseError
 from pvegpu.facts.pci_cfg import parse_pci_cfg, render_pci_cfg, replace_map_lines
 from pvegpu.models.fields import normalize_pci_id
 from pvegpu.models.hardware import HostHardware
@@ -226,7 +226,7 @@ def _read(sysfs_root: Path) -> HostHardware:
     else:
         try:
             hw = read_hardware_locally(sysfs_root)
-        except (FactCommandError, FactParseError) as error:
+        except (FactCommandError, ParseError) as error:
             reason = str(error)
         else:
             if hw.functions:

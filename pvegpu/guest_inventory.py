@@ -3,17 +3,59 @@
 `exit_on_invalid_guests(hosts)` is `exit_on_invalid` plus the cross-key checks of `pvegpu.plan.guest`, so
 an unknown SGLang flag, a layout that does not fit the GPUs or a driver below the floor stops pyinfra with
 exit status 2 and `<host>: <key>.<field>: message` lines, before it connects anywhere.
+
+`guests_of(pve_nodes, data)` derives the guest host of every node whose VM is made from a cloud image
+(`vm.image`): named after the VM, reached at its static address or the DHCP address pvegpu recorded, as
+`vm.user` with the login key pvegpu generated for it, and the node's SSH settings that are not the node's
+own (config, known_hosts, strictness).
 """
 
 from __future__ import annotations
 
+import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import cast
 
+from pvegpu.guest_keys import (
+    GuestKeyError,
+    address_file,
+    host_key_files,
+    known_host_recorded,
+    login_key_files,
+    recorded_address,
+)
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
-from pvegpu.models.inventory import NODE_KEY, H, NodeSpec, exit_on_invalid, spec_of
+from pvegpu.models.inventory import (
+    KNOWN_HOSTS_KEY,
+    NODE_KEY,
+    H,
+    HostEntry,
+    NodeSpec,
+    exit_on_invalid,
+    spec_of,
+)
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.vm import VM_KEY, VmSpec
+from pvegpu.plan.cloud_init import static_address
 from pvegpu.plan.guest import check_guest
+
+# The node's pyinfra SSH settings a guest shares: who connects and how keys are checked, not where to.
+SHARED_SSH_KEYS = (
+    "ssh_config_file",
+    "ssh_look_for_keys",
+    "ssh_allow_agent",
+    KNOWN_HOSTS_KEY,
+    "ssh_strict_host_key_checking",
+)
+PROBE_S = 2.0  # how long guests_of waits for a guest's sshd port to open
+# What guests_of sets in a guest's data; `data` may add keys, never replace these.
+_DERIVED = ("ssh_hostname", "ssh_user", "ssh_key", "_sudo", *SHARED_SSH_KEYS)
+# The guest's `node` keys guests_of derives; `data["node"]` may add others (e.g. a `sysfs_root`).
+_DERIVED_NODE = ("name", "profile", "gpus")
+
+GuestHost = tuple[str, dict[str, object]]
 
 
 def exit_on_invalid_guests(hosts: H) -> H:
@@ -37,3 +79,115 @@ def exit_on_invalid_guests(hosts: H) -> H:
             print(line, file=sys.stderr)
         raise SystemExit(2)
     return hosts
+
+
+def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None = None) -> list[GuestHost]:
+    """The guest host of each node in `pve_nodes` (validated already) whose `vm.image` is set, in order:
+
+        (vm.name, {"ssh_hostname": <static or recorded address>, "ssh_user": vm.user,
+                   "ssh_key": <its login key>, ["_sudo": True,]
+                   <the node's SHARED_SSH_KEYS>, "node": {"name": vm.name, "profile": "vm", "gpus": ...},
+                   **data})
+
+    validated with `exit_on_invalid_guests`. A guest whose host key file does not exist yet (its VM is not
+    made by pvegpu yet), whose DHCP address is not recorded yet, whose key is not in known_hosts yet or
+    whose sshd does not answer (its VM stopped: a profile switch back to `vm`) is left out, with one
+    `info:` line on stderr: the run that creates (or starts) the VM records them, the next run includes it
+    (pyinfra opens every host's connection before the first operation). Exit status 2 for two nodes with
+    the same VM name, a `data` key guests_of sets itself, or an unusable address file.
+    `data["node"]` adds keys to the guest's `node` (not its name, profile or GPUs, which are the VM's).
+    """
+    extra = dict(data or {})
+    node_extra = dict(cast(Mapping[str, object], extra.pop(NODE_KEY, None) or {}))
+    problems = [
+        f"guests_of: data key {key!r} is set by guests_of from the node" for key in extra if key in _DERIVED
+    ]
+    problems += [
+        f"guests_of: data key 'node.{key}' is set by guests_of from the node"
+        for key in node_extra
+        if key in _DERIVED_NODE
+    ]
+    guests: list[GuestHost] = []
+    node_of_guest: dict[str, str] = {}
+    for entry in pve_nodes:
+        if isinstance(entry, str) or not isinstance(entry[1], Mapping):
+            continue
+        node_host, node_data = entry[0], entry[1]
+        vm = None if node_data.get(VM_KEY) is None else spec_of(node_data, VM_KEY, VmSpec)
+        if vm is None or vm.image is None:
+            continue
+        if vm.name.lower() in node_of_guest:
+            first = node_of_guest[vm.name.lower()]
+            problems.append(
+                f"{node_host}: {VM_KEY}.name: {vm.name!r} is also the VM name of node {first}; "
+                "guests_of names each guest host after its VM"
+            )
+            continue
+        node_of_guest[vm.name.lower()] = node_host
+        try:
+            address = _address(node_host, node_data, vm)
+        except GuestKeyError as error:
+            problems.append(f"{node_host}: {VM_KEY}: {error}")
+            continue
+        if address is not None:
+            guests.append((vm.name, {**_guest_data(node_data, vm, address, node_extra), **extra}))
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(2)
+    return exit_on_invalid_guests(guests)
+
+
+def _address(node_host: str, node_data: Mapping[str, object], vm: VmSpec) -> str | None:
+    """The guest's address once pvegpu has made its VM: its key pair exists, its address is known (static,
+    or recorded for DHCP) and known_hosts has its key there. Else None, with an info line saying why."""
+    known_hosts = Path(str(node_data[KNOWN_HOSTS_KEY]))
+    private, public = host_key_files(known_hosts, vm.name)
+    address = static_address(vm.ipconfig)
+    why = None
+    login, _ = login_key_files(known_hosts, vm.name)
+    if not (private.exists() and public.exists() and login.exists()):
+        why = f"its keys in {private.parent} do not exist yet (made when pvegpu creates the VM)"
+    elif address is None and (address := recorded_address(private)) is None:
+        why = (
+            f"its DHCP address is not recorded yet ({address_file(private)}: written once the guest agent "
+            "reports it)"
+        )
+    elif not known_host_recorded(known_hosts, address, public.read_text().strip()):
+        why = f"{known_hosts} has no line with its host key for {address} yet (written once the VM is made)"
+    elif not _answers(address):
+        why = f"no sshd answers on {address}:22 (its VM is stopped, or still booting)"
+    if why is None:
+        return address
+    print(
+        f"info: guest {vm.name} of {node_host} is not in this run's inventory: {why}; "
+        "the next run includes it",
+        file=sys.stderr,
+    )
+    return None
+
+
+def _answers(address: str, port: int = 22) -> bool:
+    """Whether an sshd at `address`:22 shows its banner (`SSH-...`) within PROBE_S: pyinfra connects to every
+    host before its first operation, and a guest whose VM is stopped (a profile switch back to `vm`, the
+    node's run starting it) would fail the whole run there. Nothing is sent; the banner, not an open port,
+    counts (a proxy on the way may accept any connection)."""
+    try:
+        with socket.create_connection((address, port), timeout=PROBE_S) as connection:
+            connection.settimeout(PROBE_S)
+            return connection.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _guest_data(
+    node_data: Mapping[str, object], vm: VmSpec, address: str, node_extra: Mapping[str, object]
+) -> dict[str, object]:
+    gpus = spec_of(node_data, NODE_KEY, NodeSpec).gpus.model_dump(mode="json")
+    login, _ = login_key_files(Path(str(node_data[KNOWN_HOSTS_KEY])), vm.name)
+    guest: dict[str, object] = {"ssh_hostname": address, "ssh_user": vm.user, "ssh_key": str(login)}
+    if vm.user != "root":
+        guest["_sudo"] = True
+    guest |= {key: node_data[key] for key in SHARED_SSH_KEYS if key in node_data}
+    guest[NODE_KEY] = {**node_extra, "name": vm.name, "profile": "vm", "gpus": gpus}
+    return guest

@@ -44,10 +44,12 @@ from requests.exceptions import RequestException
 
 from pvegpu.models.pve import (
     GuestConfig,
+    GuestInterface,
     MappingCheck,
     MappingState,
     PciMapping,
     Severity,
+    StorageConfig,
     TaskStatus,
     VmStatus,
 )
@@ -536,6 +538,25 @@ class PveClient:
         """`GET …/qemu/{vmid}/status/current`."""
         return self._read(f"/nodes/{node}/qemu/{vmid}/status/current", {}, _vm_status)
 
+    def shutdown_vm(self, node: str, vmid: int, timeout_s: int) -> str:
+        """`POST …/status/shutdown` (the guest OS shuts down cleanly) with `timeout`; returns the UPID (the
+        task fails when the guest is still running after `timeout_s`)."""
+        return self._task("POST", f"/nodes/{node}/qemu/{vmid}/status/shutdown", {"timeout": timeout_s})
+
+    def agent_get(
+        self, node: str, vmid: int, command: str, params: Params | None = None
+    ) -> dict[str, object]:
+        """`GET …/qemu/{vmid}/agent/{command}` (`get-fsinfo`, `file-read` with `file`): the answer object
+        (`{"result": ...}`, file-read's `{"content": ...}`). A PveError while the agent does not answer
+        (`QEMU guest agent is not running`) or the command fails in the guest."""
+        return self._read(f"/nodes/{node}/qemu/{vmid}/agent/{command}", params or {}, _dict)
+
+    def agent_post(self, node: str, vmid: int, command: str, params: Params) -> object:
+        """`POST …/qemu/{vmid}/agent/{command}` (`file-write` with `file`, `content`): its data, None for
+        none (read back what was written)."""
+        data = self._call("POST", f"/nodes/{node}/qemu/{vmid}/agent/{command}", params)
+        return None if isinstance(data, Unparsed) else data
+
     # -- lxc
     def lxc_config(self, node: str, vmid: int) -> GuestConfig:
         """`GET …/lxc/{vmid}/config` (raw `lxc.*` lines under the key `lxc`), plus its `digest`."""
@@ -566,6 +587,69 @@ class PveClient:
         return self._read(
             f"/nodes/{node}/lxc/{vmid}/status/current", {}, lambda data: _text_of(data, "status")
         )
+
+    # -- storage (cloud images and cloud-init snippets)
+    def storage(self, storage: str) -> StorageConfig:
+        """`GET /storage/{storage}`: its content types, its directory (dir-like storages) and `digest`."""
+
+        def parse(data: object) -> StorageConfig:
+            values = _dict(data)
+            path = values.get("path")
+            return StorageConfig(
+                storage=storage,
+                content=tuple(c for c in _text_of(values, "content").split(",") if c),
+                path=None if path is None else str(path),
+                digest=_text_of(values, "digest"),
+            )
+
+        return self._read(f"/storage/{storage}", {}, parse)
+
+    def update_storage_content(self, storage: str, content: Sequence[str], digest: str) -> None:
+        """`PUT /storage/{storage}` with `content` (the whole list) and the read's `digest`; Proxmox answers
+        `{"storage": ..., "type": ...}` (read back: that proves nothing)."""
+        self._call("PUT", f"/storage/{storage}", {"content": ",".join(content), "digest": digest})
+
+    def storage_volumes(self, node: str, storage: str, content: str) -> tuple[str, ...]:
+        """`GET /nodes/{node}/storage/{storage}/content?content=…`: the volume ids of that content type."""
+
+        def parse(data: object) -> tuple[str, ...]:
+            return tuple(_text_of(item, "volid") for item in _list(data))
+
+        path = f"/nodes/{node}/storage/{storage}/content"
+        return self._read(path, {"content": content}, parse)
+
+    def download_url(self, node: str, storage: str, params: Params) -> str:
+        """`POST /nodes/{node}/storage/{storage}/download-url`; returns the UPID (a checksum mismatch fails
+        the task)."""
+        return self._task("POST", f"/nodes/{node}/storage/{storage}/download-url", params)
+
+    def resize_vm_disk(self, node: str, vmid: int, disk: str, size: str, digest: str) -> None:
+        """`PUT …/qemu/{vmid}/resize` (`size` absolute, e.g. `32G`; Proxmox refuses to shrink)."""
+        params = {"disk": disk, "size": size, "digest": digest}
+        data = self._call("PUT", f"/nodes/{node}/qemu/{vmid}/resize", params)
+        if data is not None and not isinstance(data, Unparsed) and not isinstance(data, str):
+            raise _response_error(f"PUT /nodes/{node}/qemu/{vmid}/resize", "no data or a task id", data)
+        if isinstance(data, str) and UPID.fullmatch(data):
+            self.wait_task(data, 600)
+
+    def guest_addresses(self, node: str, vmid: int) -> tuple[GuestInterface, ...]:
+        """`GET …/qemu/{vmid}/agent/network-get-interfaces`: each interface's name, MAC and addresses (a
+        PveError while the guest agent is not running)."""
+
+        def parse(data: object) -> tuple[GuestInterface, ...]:
+            found = []
+            for item in _list(_dict(data)["result"]):
+                values = _dict(item)
+                addresses = tuple(
+                    f"{_text_of(a, 'ip-address')}/{_dict(a).get('prefix', '')}"
+                    for a in _list(values.get("ip-addresses", []))
+                    if _dict(a).get("ip-address-type") == "ipv4"
+                )
+                mac = values.get("hardware-address")
+                found.append(GuestInterface(_text_of(values, "name"), str(mac or ""), addresses))
+            return tuple(found)
+
+        return self._read(f"/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces", {}, parse)
 
     # -- tasks
     def task_status(self, upid: str) -> TaskStatus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -9,9 +10,11 @@ from pathlib import Path
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
+from pyinfra.facts.files import Sha256File
 
 from pvegpu.facts.host_checks import HostChecks
 from pvegpu.facts.pve import PveSetupError, pve_client
+from pvegpu.hook.bundle import BUNDLE_PATH, build, wrapper
 from pvegpu.host_plan import plan_of
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import NodeSpec
@@ -19,6 +22,7 @@ from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.topology import Topology
+from pvegpu.plan.vm import HOOKSCRIPT, hookscript_volid, is_pvegpu_hookscript
 from pvegpu.pve import PveError
 from pvegpu.report import render_table
 
@@ -45,6 +49,7 @@ def node_report() -> None:
     _host_checks(plan.specs.node, plan.hardware, plan.topology)
     if plan.is_pve_node and plan.specs.vm is not None:
         _mapping_health(plan)
+        _hook_status(plan)
 
 
 def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:
@@ -97,3 +102,43 @@ def _mapping_health(plan: NodePlan) -> None:
     log = logger.info if healed.health is Health.VALID else logger.warning
     lines = "".join(f"\n  {line}" for line in healed.findings)
     log(f"{host.print_prefix}{subject}: {healed.health.value}{_HEALTH_ADVICE[healed.health]}{lines}")
+
+
+def _hook_status(plan: NodePlan) -> None:
+    """Print whether the VM's pre-start hookscript (vm.self_heal) is installed and current: the VM's
+    `hookscript` names it, and the wrapper and zipapp on the node are the bytes this pvegpu would write."""
+    vm, node = plan.specs.vm, plan.specs.node
+    assert vm is not None  # the caller's condition
+    subject = f"pre-start hook of VM {vm.vmid} (vm.self_heal {vm.self_heal})"
+    try:
+        api = pve_client(host)
+        current = api.vm_config(node.name, vm.vmid).values.get("hookscript")
+        directory = api.storage(vm.snippets_storage).path
+    except (PveError, PveSetupError) as error:
+        line = error.line if isinstance(error, PveError) else str(error)
+        logger.warning(f"{host.print_prefix}{subject}: not read: {line}")
+        return
+    problems = _hook_problems(plan, current, directory)
+    if not problems:
+        state = "off" if vm.self_heal == "off" else "installed and current"
+        logger.info(f"{host.print_prefix}{subject}: {state}")
+        return
+    fix = "`pyinfra inventory.py deploy/vm.py` fixes it"
+    logger.warning(f"{host.print_prefix}{subject}: {'; '.join(problems)} ({fix})")
+
+
+def _hook_problems(plan: NodePlan, current: object, directory: str | None) -> list[str]:
+    vm, node = plan.specs.vm, plan.specs.node
+    assert vm is not None
+    if vm.self_heal == "off":
+        return [f"the VM still runs pvegpu's hookscript {current}"] if is_pvegpu_hookscript(current) else []
+    problems = [] if current == hookscript_volid(vm) else [f"the VM's hookscript is {current or 'not set'}"]
+    bundle = build()
+    text = wrapper(bundle, mode=vm.self_heal, prefix=vm.mapping_prefix, sysfs_root=str(node.sysfs_root))
+    for path, data in ((f"{directory}/snippets/{HOOKSCRIPT}", text.encode()), (BUNDLE_PATH, bundle.data)):
+        found = host.get_fact(Sha256File, path=path)
+        if found is None:
+            problems.append(f"{path} is missing")
+        elif found != hashlib.sha256(data).hexdigest():
+            problems.append(f"{path} is not pvegpu {bundle.version}'s")
+    return problems

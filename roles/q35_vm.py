@@ -4,10 +4,14 @@ roles/guest_parked.py's.
 
 The MMIO window is sized from the node's GPUs' BARs (plan/mmio.py); `vm.mmio = args` needs root@pam, and
 is refused up front for any other API user. Starting is refused while the GPUs' functions are not bound
-to vfio-pci on the node.
+to vfio-pci on the node. With `vm.image` the VM gets its OS from a cloud image (roles/cloud_image.py); its
+system disk is grown to `vm.disk.size_gib` and, once started, its guest must answer with the SSH host key
+pvegpu gave it before the run goes on.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
@@ -16,10 +20,16 @@ from pyinfra.context import host
 from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
+from pvegpu.operations.cloud_image import disk_grown
+from pvegpu.operations.convert import q35_conversion
+from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import mmio_refusal
 from pvegpu.plan.vm import create_keys, unbound_functions, vm_config
+from roles.cloud_image import cloud_image
+from roles.self_heal import self_heal
+from roles.snippets import storages_offer
 
 
 @deploy("Create and start the Q35 VM")
@@ -37,6 +47,19 @@ def q35_vm_role() -> None:
         raise OperationError(f"{host.name}: {refusal}")
     hardware, topology = plan.hardware, plan.topology
     api = pve_client(host)
+    storages_offer(api, spec)
+    identity = None if spec.image is None else cloud_image(api, node.name, spec, pve.task_timeout_s)
+    self_heal(api, node, spec)  # the hookscript exists before the VM's config names it
+    q35_conversion(  # an installed i440FX/SeaBIOS VM: moved only when its guest can boot on OVMF
+        name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",
+        api=api,
+        node=node.name,
+        vmid=spec.vmid,
+        config=vm_config(spec, plan.mapping_ids, plan.mmio),
+        create=create_keys(spec),
+        prefix=spec.mapping_prefix,
+        timeout_s=pve.task_timeout_s,
+    )
     q35_vm(
         name="Create or converge the Q35 VM",
         api=api,
@@ -46,6 +69,14 @@ def q35_vm_role() -> None:
         create=create_keys(spec),
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
+    )
+    disk_grown(
+        name="The VM's system disk has its size",
+        api=api,
+        node=node.name,
+        vmid=spec.vmid,
+        disk="scsi0",
+        size_gib=spec.disk.size_gib,
     )
     guest_running(
         name="Start the VM and wait until it runs",
@@ -57,7 +88,27 @@ def q35_vm_role() -> None:
         timeout_s=pve.task_timeout_s,
         # deploy/site.py may reboot the host into vfio binding earlier in the same run: read it again then.
         recheck=lambda target: unbound_functions(hardware_of(target, node.sysfs_root), topology),
+        after_start=_answering(identity, pve.task_timeout_s),
     )
+    if identity is not None:
+        guest_known(
+            name="The guest's address and host key are known",
+            identity=identity,
+            api=api,
+            node=node.name,
+            vmid=spec.vmid,
+            mac=None,
+            timeout_s=pve.task_timeout_s,
+        )
+
+
+def _answering(identity: GuestIdentity | None, timeout_s: float) -> Callable[[], None] | None:
+    """After a start: wait until a guest with a static address answers with its host key (a DHCP guest's
+    address comes from its agent, after the start: `guest_known`)."""
+    if identity is None or identity.address is None:
+        return None
+    address = identity.address
+    return lambda: wait_until_answering(identity, address, timeout_s)
 
 
 @deploy("Verify the guest's GPUs")

@@ -6,12 +6,23 @@ write a request into the node's `/var/lib/pvegpu-lab/hv/` (`<vmid>-<action>-<non
 for the `.answer` beside it. This process runs on the lab machine (started with the node, stopped by
 `lab down NODE`), sees the same directory through the node's root, and answers each request in turn:
 
-- `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...]}, ...]}`
-  (a VM): brings up the guest lab host `<node>v<vmid>` with the Q35 sysfs of those devices (lab.pve.guest),
-  copied from the node's current topology, no driver bound, and the guest's software sources installed
-  (lab.guest_payload: stand-in NVIDIA apt repository, sglang wheel);
-  answers `{"ok": true, "pid": <PID>, "guest": <name>}`;
-- `{"action": "stop", "vmid": N}`: stops that guest; answers `{"ok": true}`;
+- `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...]}, ...],
+  "machine": "q35"|"pc", "bios": "ovmf"|"seabios", "mac": net0's MAC, "disk": null | {"key", "volume",
+  "path"}, "cloud_init": null | {"user_data", "ipconfig0", "hostname", "mac"}}` (a VM): the VM boots only when
+  its boot disk's data file (`path`, in the node's root) is a lab image (lab.images) whose system the firmware
+  can start (OVMF needs an EFI system partition; SeaBIOS starts any); otherwise it "runs" with nothing booted
+  and answers `{"ok": true, "pid": <this process>, "guest": null}`. A booting VM brings up the guest lab host
+  `<node>v<vmid>` with the Q35 (or i440FX, machine `pc`) sysfs of those devices (lab.pve.guest), copied from
+  the node's current topology, no driver bound, and the guest's software sources installed (lab.guest_payload:
+  stand-in NVIDIA apt repository, sglang wheel). A cloud image's first boot applies `cloud_init`
+  (lab.cloud_init: hostname, users and keys, SSH host key, address; the lab does not record its host key); an
+  installed system (not a cloud image) gets the lab's own identity. When the guest runs qemu-guest-agent, the
+  agent's `network-get-interfaces` answer goes to `<node root>/var/lib/pvegpu-lab/agent/<vmid>.json` (the
+  stand-in reads it). Answers `{"ok": true, "pid": <PID>, "guest": <name>}`;
+- `{"action": "stop", "vmid": N}`: stops that guest and its agent; answers `{"ok": true}`;
+- `{"action": "agent", "vmid": N, "command": C, "params": {...}}`: the guest agent's command C (get-fsinfo,
+  file-read, file-write, exec, exec-status), answered `{"ok": true, "result": ...}` or `{"ok": false,
+  "error": <qemu-ga's error>}` (lab.pve.agent), `"error": "QEMU guest agent is not running"` without one;
 - `{"action": "start", "type": "lxc", "vmid": N, "dev": [{"path": "/dev/nvidia0", "gid": "44"}, ...]}`
   (a CT; `dev`: its devN entries): brings up the container lab host `<node>c<vmid>` (lab.pve.container: the
   node's sysfs, its device nodes and module version, the software sources); answers
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -37,9 +49,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
-from lab import guest_payload, hosts
-from lab.pve import container
-from lab.pve.guest import GuestError, Passed, q35_guest
+from lab import cloud_init, guest_payload, hosts, images
+from lab.pve import agent, container
+from lab.pve.guest import GuestError, Passed, guest_topology
 from lab.pve.node import GUEST_RECORD, HV_DIR
 from lab.topologies import TOPOLOGIES
 
@@ -56,26 +68,67 @@ def handle(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[s
     """Carry out one request; the answer the stand-in reads."""
     if request.get("type") == "lxc":
         return handle_container(node, request, guest_mode)
-    name = guest_name(node, int(request["vmid"]))
+    vmid = int(request["vmid"])
+    name = guest_name(node, vmid)
+    node_host = hosts.get_host(node)
+    if request["action"] == "agent":
+        return agent.handle(name, request)
     if request["action"] == "stop":
+        agent.remove(node_host, vmid)
         hosts.down(name)
         hosts.remove_dependent(node, name)
         return {"ok": True}
+    return start_vm(node_host, name, request, guest_mode)
+
+
+def start_vm(
+    node_host: hosts.LabHost, name: str, request: dict[str, Any], guest_mode: hosts.Mode
+) -> dict[str, Any]:
+    """A VM start (module docstring): guest lab host `name` boots when the VM's disk holds a bootable
+    image."""
+    node, vmid = node_host.name, int(request["vmid"])
+    disk = request.get("disk")
+    image = images.read_image_file(node_host.root / str(disk["path"]).lstrip("/")) if disk else None
+    if image is None or (request.get("bios", "seabios") == "ovmf" and not image.esp):
+        return {"ok": True, "pid": os.getpid(), "guest": None}  # the firmware finds nothing to boot
     passed = [Passed(d["hostpci"], tuple(d["functions"]), d["pcie"]) for d in request["devices"]]
     try:
-        topology = q35_guest(name, TOPOLOGIES[hosts.get_host(node).topology], passed)
-    except GuestError as error:
+        topology = guest_topology(name, TOPOLOGIES[node_host.topology], str(request["machine"]), passed)
+        first_boot = cloud_init.setup(request.get("cloud_init"), image) if image.cloud_init else None
+    except (GuestError, cloud_init.CloudInitError) as error:
         return {"ok": False, "error": str(error)}
     hosts.add_dependent(node, name)  # before up: a `lab down NODE` meanwhile still finds it
     try:
-        guest = hosts.up(name, topology, guest_mode, replace=True, driver="none")
+        guest = hosts.up(
+            name,
+            topology,
+            guest_mode,
+            replace=True,
+            driver="none",
+            index=first_boot.index if first_boot else None,
+            record_host_key=first_boot is None,
+            customize=(lambda root: cloud_init.apply(root, first_boot)) if first_boot else None,
+        )
         guest_payload.install(guest)
-    except (hosts.LabError, guest_payload.PayloadError) as error:
+        for path, content in images.esp_files(image).items():
+            (guest.root / "boot/efi" / path).parent.mkdir(parents=True, exist_ok=True)
+            (guest.root / "boot/efi" / path).write_bytes(content)
+    except (hosts.LabError, guest_payload.PayloadError, cloud_init.CloudInitError) as error:
         hosts.down(name)
         hosts.remove_dependent(node, name)
         return {"ok": False, "error": str(error).splitlines()[0]}
-    record = {"node": node, "vmid": int(request["vmid"])}
+    record = {
+        "node": node,
+        "vmid": vmid,
+        "os": image.os,
+        "esp": image.esp,
+        "cloud_init": image.cloud_init,
+        "agent": image.agent or bool(first_boot and first_boot.agent),
+    }
     (guest.state_dir / GUEST_RECORD).write_text(json.dumps(record, sort_keys=True) + "\n")
+    if record["agent"]:
+        mac = (request.get("cloud_init") or {}).get("mac") or request.get("mac")
+        agent.write_interfaces(node_host, vmid, guest, str(request.get("machine", "pc")), mac)
     return {"ok": True, "pid": guest.pid, "guest": guest.name}
 
 
@@ -96,7 +149,9 @@ def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode)
 
 
 def serve(node: str, state: Path, guest_mode: hosts.Mode) -> None:
-    """Answer requests until the node's state directory is gone."""
+    """Serve the lab's images to the node (lab.images) and answer requests until the node's state directory
+    is gone."""
+    images.serve(hosts.get_host(node))
     folder = state / "merged" / HV_DIR
     while state.is_dir():
         for request_path in sorted(folder.glob("*.request")) if folder.is_dir() else []:

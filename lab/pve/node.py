@@ -8,28 +8,34 @@ guests.
 - `/etc/pvegpu-lab/pve.json`: the stand-ins' settings (node name, the node's sysfs root, the hypervisor
   request directory);
 and starts `python -m lab.pve.hypervisor` as the host's companion (stopped by `lab down NAME`, which also
-stops the VM guests and container hosts it started).
+stops the VM guests and container hosts it started), which also serves the lab's cloud images to the node
+(lab.images: `image_url`); `up` returns once that server answers.
 
 Which lab hosts are what (for inventories): a Proxmox node's state directory holds `pve-node.json` (the
-stand-ins' settings), a VM guest's holds `pve-guest.json` and a container host's `pve-container.json`
-(both `{"node": ..., "vmid": ...}`); see `role_of`.
+stand-ins' settings), a VM guest's holds `pve-guest.json` (`{"node", "vmid", "os", "esp", "cloud_init",
+"agent"}`: the image it booted, lab.images) and a container host's `pve-container.json` (`{"node", "vmid"}`);
+see `role_of`.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Literal
 
-from lab import hosts
+from lab import hosts, images
 
 PVESH = Path(__file__).with_name("pvesh.py")
 PCT = Path(__file__).with_name("pct.py")
 CONFIG = "etc/pvegpu-lab/pve.json"
 HV_DIR = "var/lib/pvegpu-lab/hv"  # the hypervisor's request directory, in the node's root
+# The running guest agents' `network-get-interfaces` answers (<vmid>.json), in the node's root.
+AGENT_DIR = "var/lib/pvegpu-lab/agent"
 NODE_RECORD = "pve-node.json"
 # LAB STAND-IN for `pveversion`: the release the pvesh stand-in reports (its default `version`, 9.0.3).
 PVEVERSION = """#!/bin/sh
@@ -37,6 +43,7 @@ PVEVERSION = """#!/bin/sh
 echo 'pve-manager/9.0.3/0a1b2c3d4e5f6a7b (running kernel: 6.8.12-4-pve)'
 """
 GUEST_RECORD = "pve-guest.json"
+_HYPERVISOR_TIMEOUT_S = 30.0
 CONTAINER_RECORD = "pve-container.json"
 
 
@@ -95,18 +102,39 @@ def up(
         install(host)
         argv = [sys.executable, "-m", "lab.pve.hypervisor", name, str(host.state_dir)]
         hosts.start_companion(name, [*argv, "--guest-mode", guest_mode])
+        _wait_for_images(host)
     except BaseException:
         hosts.down(name)
         raise
     return host
 
 
+def _wait_for_images(host: hosts.LabHost) -> None:
+    """Wait until the hypervisor's image server accepts connections (the hypervisor is then serving)."""
+    deadline = time.monotonic() + _HYPERVISOR_TIMEOUT_S
+    while True:
+        try:
+            with socket.create_connection((f"10.200.{host.index}.1", images.PORT), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                log = (host.state_dir / "companion.log").read_text(errors="replace")[-2000:]
+                raise hosts.LabError(
+                    f"{host.name}: the lab hypervisor's image server did not start; its log:\n{log}"
+                ) from None
+            time.sleep(0.05)
+
+
 def bios_change(name: str, topology: str) -> hosts.LabHost:
     """What a BIOS change does to lab host `name`: a Proxmox node goes down first (its running VMs stop);
     the firmware renumbers buses and groups (the fake sysfs is rewritten with `topology`); the node boots
-    again (the lab's reboot stand-in applies its boot configuration, when a boot layout is installed)."""
+    again (the lab's reboot stand-in applies its boot configuration, when a boot layout is installed), and
+    starts its `onboot` VMs as pve-guests.service does, through the API's start (the same path as any start:
+    the VM's pre-start hookscript, then the mapping check); a start that fails leaves its VM down, its task
+    log saying why."""
     host = hosts.get_host(name)
-    if role_of(host) == "pve":
+    pve = role_of(host) == "pve"
+    if pve:
         for conf in sorted((host.root / "etc/pve/qemu-server").glob("*.conf")):
             path = f"/nodes/{name}/qemu/{conf.stem}/status"
             status = json.loads(_ssh(host, f"pvesh get {path}/current --output-format json"))
@@ -115,6 +143,12 @@ def bios_change(name: str, topology: str) -> hosts.LabHost:
     host = hosts.retopo(name, topology)
     if (host.root / "usr/local/sbin/reboot").exists():
         _ssh(host, "reboot")
+    if pve:
+        for conf in sorted((host.root / "etc/pve/qemu-server").glob("*.conf")):
+            path = f"/nodes/{name}/qemu/{conf.stem}"
+            config = json.loads(_ssh(host, f"pvesh get {path}/config --output-format json"))
+            if config.get("onboot") == 1:
+                _ssh(host, f"pvesh create {path}/status/start")
     return host
 
 

@@ -19,35 +19,82 @@ pvegpu makes, the way `pvesh` does (shared/knowledge/proxmox-api-behaviour.md is
   .../config --delete lock --skiplock 1`);
 - errors: `400 Parameter verification failed.` + one `<param>: <msg>` line each + the usage line; plain
   `die` texts; `Unknown option: <name>`; `No '<cmd>' handler defined for '<path>'` (exit 1); else exit 255.
+- storage (pve-storage): `GET /storage` (`type`), `GET /storage/{storage}` (with `digest`), `PUT
+  /storage/{storage}` (`content`, `disable`, `delete`, `digest`; answers `{"storage","type"}`; errors
+  prefixed `update storage failed: `; a content type the plugin lacks is dropped with a stderr warning),
+  `GET /nodes/{node}/storage/{storage}/content` (`content`, `vmid`: `{volid, format, size, ctime, content,
+  vmid?, used?}` sorted by volid), `POST /nodes/{node}/storage/{storage}/download-url` (task `download`, id
+  the file name: `url`, `content` iso|vztmpl|import, `filename`, `checksum` + `checksum-algorithm`,
+  `compression`, `verify-certificates`; fetched with urllib; a file already there with the right checksum
+  is kept, "no need to download");
+- volumes: a data file per volume: dir storages under their `path` (images/<vmid>/vm-<vmid>-disk-<N>.<fmt>,
+  import/, snippets/, template/iso, template/cache; volids `local:<vmid>/<name>`, `local:import/<file>`),
+  other storages <root>/var/lib/pvegpu-lab/volumes/<storage>/<name> (volids `<storage>:vm-<vmid>-disk-<N>`);
+  a plain allocation is an empty file, `<storage>:0,import-from=<volid>` copies the source (size: a qcow2
+  header's virtual size, else the file's), `<storage>:cloudinit` makes `vm-<vmid>-cloudinit`;
+  `PUT /nodes/{node}/qemu/{vmid}/resize` (task `resize`: `disk`, `size` `<N>[KMGT]` or `+<N>[KMGT]`)
+  rewrites `size=` (the stand-in's volume size is the `size=` its config records);
+- cloud-init keys (citype, ciuser, cipassword (masked on GET), sshkeys (URL-encoded, each line a key),
+  ipconfigN, nameserver, searchdomain, ciupgrade, cicustom) with qemu-server's schema checks; a VM start
+  with a `vm-<vmid>-cloudinit` drive reads every cicustom volume (Cloudinit.pm's errors) and hands the lab
+  hypervisor the user-data (the `user` snippet, else Proxmox's generated user-data);
+- VM start request to the lab hypervisor: {"action": "start", "vmid", "name", "machine" (conf or
+  "pc"), "bios" (conf or "seabios"), "mac" (net0's), "devices", "disk": null | {"key", "volume", "path"
+  (data file, a path on the node)}, "cloud_init": null | {"user_data", "ipconfig0", "hostname", "mac"
+  (net0's)}}; an answer's `"guest": null` (nothing boots) still leaves the VM running;
+- guest agent (`agent` must be set, the VM running, the agent "running": the hypervisor's
+  <root>/var/lib/pvegpu-lab/agent/<vmid>.json): `GET .../agent/network-get-interfaces` answers that file;
+  `GET .../agent/get-fsinfo` (answers `{"result": <result>}`), `GET .../agent/file-read` (`file`, `count`,
+  `decode`, `offset`), `POST .../agent/file-write` (`file`, `content`, `encode`; the hypervisor gets the
+  decoded content), `POST .../agent/exec` (`command` repeated, `input-data`), `GET .../agent/exec-status`
+  (`pid`) are asked of the hypervisor as {"action": "agent", "vmid", "command", "params"}; the latter four
+  answer its `result` as is; its `error` fails the call with `Agent error: <error>`.
 
 State lives in Proxmox's file formats under the configured root: /etc/pve/mapping/pci.cfg,
+/etc/pve/storage.cfg (when absent: what the installer writes, `local` dir + `local-lvm` lvmthin),
 /etc/pve/qemu-server/<vmid>.conf, /etc/pve/lxc/<ctid>.conf, /var/log/pve/tasks/. PCI hardware is read from
-the configured sysfs root. A VM start checks every mapped path against that sysfs like Proxmox does, then asks
-the lab hypervisor (lab/pve/hypervisor.py, outside the node) to bring the guest lab host up; a CT start checks
-every `devN` device node, then asks it to bring the container lab host up. Stops ask it to stop them.
+the configured sysfs root. A VM start runs the VM's `hookscript` (`pre-start`, validated like
+check_hookscript, its output in the task log, a non-zero exit refusing the start), then checks every mapped
+path against that sysfs like Proxmox does, then asks the lab hypervisor (lab/pve/hypervisor.py, outside
+the node) to bring the guest lab host up; a CT start checks every `devN` device node, then asks it to bring
+the container lab host up. Stops ask it to stop them.
 
 Settings: JSON file $PVEGPU_LAB_PVE_CONFIG (default /etc/pvegpu-lab/pve.json), keys: node (required),
 sysfs_root ("/sys"), root ("/": prefix of every state path), hypervisor_dir (null: VMs only change state),
-hypervisor_timeout_s (180), version ("9.0.3"), release ("9.0"), storages (["local", "local-lvm"]).
+hypervisor_timeout_s (180), version ("9.0.3"), release ("9.0"). The storages are storage.cfg's.
 
 Not modelled: other endpoints and options (e.g. VM create's `start`, `pool`; unpacking a CT's template: the
 container lab host is a Debian root, whatever `ostemplate` says), permissions
 (pvesh runs as root@pam), proxying to other nodes, HA, hotplug (a running VM keeps every change but
 name/description/onboot/tags/protection pending), PCI vendor/device names, output formats other than
 json/json-pretty (the default prints json-pretty), a real QEMU process (a running VM is
-/run/qemu-server/<vmid>.pid holding the guest lab host's PID).
+/run/qemu-server/<vmid>.pid holding the guest lab host's PID); storage: other storage types' volumes
+(LVM, ZFS: files under /var/lib/pvegpu-lab/volumes), `nodes` restrictions, backups in content listings,
+creating/deleting storages, download-url's image check (`qemu-img info` on an `import` file) and its
+`zst`/`lzo` decompression; import-from: `qemu-img convert` (the data file is copied as is), another VM's
+disk in use; cloud-init: building the cloud-init ISO (the hypervisor gets the texts), network-config and
+meta-data, `cipassword` hashing; agent commands other than those above.
 """
 
 from __future__ import annotations
 
+import base64
+import bz2
 import fcntl
+import gzip
 import hashlib
+import ipaddress
 import json
 import os
 import re
+import ssl
 import stat
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,8 +110,11 @@ pvesh - the pvegpu lab's STAND-IN for Proxmox VE's pvesh (not Proxmox; see /usr/
 
 USAGE: pvesh <get|set|create|delete> <api_path> [OPTIONS] [--output-format json|json-pretty]
 
-Endpoints: /version, /cluster/mapping/pci[/{id}], /nodes/{node}/qemu,
+Endpoints: /version, /cluster/mapping/pci[/{id}], /storage[/{storage}], /nodes/{node}/qemu,
 /nodes/{node}/qemu/{vmid}/config, /nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},
+/nodes/{node}/qemu/{vmid}/resize,
+/nodes/{node}/qemu/{vmid}/agent/{network-get-interfaces|get-fsinfo|file-read|file-write|exec|exec-status},
+/nodes/{node}/storage/{storage}/{content|download-url},
 /nodes/{node}/lxc[/{vmid}/config|/{vmid}/status/{current|start|stop}],
 /nodes/{node}/tasks, /nodes/{node}/tasks/{upid}/status
 """
@@ -111,7 +161,6 @@ class Settings:
     hypervisor_timeout_s: float
     version: str
     release: str
-    storages: tuple[str, ...]
 
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
@@ -143,7 +192,6 @@ def load_settings() -> Settings:
         hypervisor_timeout_s=float(data.get("hypervisor_timeout_s", 180)),
         version=data.get("version", "9.0.3"),
         release=data.get("release", "9.0"),
-        storages=tuple(data.get("storages", ("local", "local-lvm"))),
     )
 
 
@@ -182,6 +230,77 @@ def verify_configid_list(value: str) -> None:
             verify_configid(item)
 
 
+STORAGE_ID = re.compile(r"[a-z][a-z0-9\-_.]*[a-z0-9]", re.IGNORECASE)
+VOLUME_ID = re.compile(r"([a-z][a-z0-9\-_.]*[a-z0-9]):(.+)", re.IGNORECASE | re.DOTALL)
+DNS_NAME = re.compile(r"([a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?\.)*[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?")
+CONTENT_TYPES = ("images", "rootdir", "vztmpl", "iso", "backup", "snippets", "none", "import")
+
+
+def verify_storage_id(value: str) -> None:
+    if not STORAGE_ID.fullmatch(value):
+        raise ValueError(f"storage ID '{value}' contains illegal characters\n")
+
+
+def verify_volume_id(value: str) -> None:
+    if not VOLUME_ID.fullmatch(value):
+        raise ValueError(f"unable to parse volume ID '{value}'\n")
+
+
+def verify_content(value: str) -> None:
+    if value not in CONTENT_TYPES:
+        raise ValueError(f"invalid content type '{value}'\n")
+
+
+def verify_content_list(value: str) -> None:
+    for item in re.split(r"[,;\s]+", value.strip()):
+        if item:
+            verify_content(item)
+
+
+def verify_urlencoded(value: str) -> None:
+    if not re.fullmatch(r"[-%a-zA-Z0-9_.!~*'()]*", value):
+        raise ValueError(f"invalid urlencoded string: {value}\n")
+
+
+def _is_ip(value: str, version: int) -> bool:
+    try:
+        return ipaddress.ip_address(value).version == version
+    except ValueError:
+        return False
+
+
+def _is_cidr(value: str, version: int) -> bool:
+    address, sep, prefix = value.partition("/")
+    limit = 32 if version == 4 else 128
+    return bool(sep) and prefix.isdigit() and 7 < int(prefix) <= limit and _is_ip(address, version)
+
+
+def verify_ipv4(value: str) -> None:
+    if not _is_ip(value, 4):
+        raise ValueError("value does not look like a valid IPv4 address\n")
+
+
+def verify_ipv6(value: str) -> None:
+    if not _is_ip(value, 6):
+        raise ValueError("value does not look like a valid IPv6 address\n")
+
+
+def verify_ipv4_config(value: str) -> None:
+    if value not in ("dhcp", "manual") and not _is_cidr(value, 4):
+        raise ValueError("value does not look like a valid ipv4 network configuration\n")
+
+
+def verify_ipv6_config(value: str) -> None:
+    if value not in ("auto", "dhcp", "manual") and not _is_cidr(value, 6):
+        raise ValueError("value does not look like a valid ipv6 network configuration\n")
+
+
+def verify_address_list(value: str) -> None:
+    for item in re.split(r"[,;\s]+", value.strip()):
+        if item and not (_is_ip(item, 4) or _is_ip(item, 6) or DNS_NAME.fullmatch(item)):
+            raise ValueError(f"value does not look like a valid address: {item}\n")
+
+
 @dataclass(frozen=True)
 class P:
     """One parameter: JSON type, constraints, and for property strings the sub-schema."""
@@ -198,6 +317,7 @@ class P:
     default_key: str | None = None
     list_format: bool = False  # a `*-list` format: repeats are joined with ","
     items: P | None = None  # array items
+    requires: str | None = None  # another key that must be set with this one
 
 
 def _add(errors: dict[str, str], path: str, msg: str) -> None:
@@ -270,6 +390,16 @@ def check_object(path: str, props: dict[str, P], value: dict[str, str], errors: 
                 _add(errors, f"{path}.{key}", "property is missing and it is not optional")
             continue
         check_value(f"{path}.{key}", schema, value[key], errors)
+    check_requires(path, props, value, errors)
+
+
+def check_requires(path: str, props: dict[str, P], value: dict[str, Any], errors: dict[str, str]) -> None:
+    """JSONSchema::check_object's `requires`: `<path.other>: missing property required by '<path.key>'`."""
+    prefix = f"{path}." if path else ""
+    for key in value:
+        required = props[key].requires if key in props else None
+        if required is not None and required not in value:
+            _add(errors, f"{prefix}{required}", f"missing property required by '{prefix}{key}'")
 
 
 def parse_property_string(schema: P, text: str) -> dict[str, str]:
@@ -339,6 +469,16 @@ DEV_FMT: dict[str, P] = {
     "deny-write": P(type="boolean"),
 }
 BOOL = P(type="boolean")
+# qemu-server: $cicustom_fmt (QemuServer.pm), $ipconfig_fmt (QemuServer/Network.pm).
+CICUSTOM_FMT: dict[str, P] = {
+    key: P(verify=verify_volume_id) for key in ("meta", "network", "user", "vendor")
+}
+IPCONFIG_FMT: dict[str, P] = {
+    "ip": P(verify=verify_ipv4_config),
+    "gw": P(verify=verify_ipv4, requires="ip"),
+    "ip6": P(verify=verify_ipv6_config),
+    "gw6": P(verify=verify_ipv6, requires="ip6"),
+}
 
 QEMU_KEYS: dict[str, P] = {
     "acpi": BOOL,
@@ -347,10 +487,16 @@ QEMU_KEYS: dict[str, P] = {
     "balloon": P(type="integer", minimum=0),
     "bios": P(enum=("seabios", "ovmf")),
     "boot": P(),
+    "cicustom": P(props=CICUSTOM_FMT),
+    "cipassword": P(),
+    "citype": P(enum=("configdrive2", "nocloud", "opennebula")),
+    "ciupgrade": BOOL,
+    "ciuser": P(),
     "cores": P(type="integer", minimum=1),
     "cpu": P(),
     "cpulimit": P(type="number"),
     "description": P(max_length=8192),
+    "hookscript": P(verify=verify_volume_id),
     "hugepages": P(enum=("any", "2", "1024")),
     "keephugepages": BOOL,
     "kvm": BOOL,
@@ -362,6 +508,7 @@ QEMU_KEYS: dict[str, P] = {
         pattern=r"(([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]*[a-zA-Z0-9])\.)*"
         r"([A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9\-]*[A-Za-z0-9])"
     ),
+    "nameserver": P(verify=verify_address_list),
     "numa": BOOL,
     "onboot": BOOL,
     "ostype": P(
@@ -383,7 +530,9 @@ QEMU_KEYS: dict[str, P] = {
     ),
     "protection": BOOL,
     "scsihw": P(enum=("lsi", "lsi53c810", "virtio-scsi-pci", "virtio-scsi-single", "megasas", "pvscsi")),
+    "searchdomain": P(),
     "smbios1": P(),
+    "sshkeys": P(verify=verify_urlencoded),
     "sockets": P(type="integer", minimum=1),
     "tablet": BOOL,
     "tags": P(),
@@ -399,11 +548,12 @@ QEMU_INDEXED: dict[str, tuple[int, P]] = {
     "sata": (6, P()),
     "ide": (4, P()),
     "efidisk": (1, P()),
+    "ipconfig": (32, P(props=IPCONFIG_FMT)),
     "numa": (8, P()),
     "serial": (4, P()),
     "usb": (5, P()),
 }
-QEMU_FAST_PLUG = ("name", "description", "onboot", "tags", "protection")
+QEMU_FAST_PLUG = ("name", "description", "onboot", "tags", "protection", "hookscript")
 LXC_KEYS: dict[str, P] = {
     "arch": P(enum=("amd64", "i386", "arm64", "armhf", "riscv32", "riscv64")),
     "cmode": P(enum=("shell", "console", "tty")),
@@ -572,6 +722,197 @@ def locked(settings: Settings) -> Iterator[None]:
     with lock.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+# --- /etc/pve/storage.cfg (PVE::Storage::Plugin, a SectionConfig) and volumes -------------------------
+
+STORAGE_CFG = "/etc/pve/storage.cfg"
+# What the Proxmox VE installer writes (LVM-thin install); the stand-in reads it when the file is absent.
+DEFAULT_STORAGE_CFG = (
+    "dir: local\n\tpath /var/lib/vz\n\tcontent iso,vztmpl,backup\n\n"
+    "lvmthin: local-lvm\n\tthinpool data\n\tvgname pve\n\tcontent rootdir,images\n\n"
+)
+FILE_STORAGE_TYPES = ("dir", "nfs", "cifs", "cephfs", "btrfs")  # plugins with a `path`
+STORAGE_TYPES = ("btrfs", "cephfs", "cifs", "dir", "lvm", "lvmthin", "nfs", "rbd", "zfspool")
+REQUIRED_OPTIONS = {
+    "dir": ("path",),
+    "lvmthin": ("thinpool", "vgname"),
+    "lvm": ("vgname",),
+    "zfspool": ("pool",),
+}
+BOOLEAN_OPTIONS = ("disable", "shared")
+LAB_VOLUMES = "/var/lib/pvegpu-lab/volumes"  # non-file storages' volumes: <storage>/<name>
+SUBDIRS = {
+    "images": "images",
+    "rootdir": "private",
+    "iso": "template/iso",
+    "vztmpl": "template/cache",
+    "backup": "dump",
+    "snippets": "snippets",
+    "import": "import",
+}
+ISO_EXT = r"\.(?:iso|img)"
+VZTMPL_EXT = r"\.(?:(tar)(?!\.)|tar\.(gz|xz|zst|bz2))"
+IMPORT_EXT = r"\.(ova|ovf|qcow2|raw|vmdk)"
+UPLOAD_IMPORT_EXT = r"\.(ova|qcow2|raw|vmdk)"
+SAFE_CHARS = r"[a-zA-Z0-9\-.+=_]"
+IMAGE_FORMATS = ("raw", "qcow2", "vmdk", "subvol")
+
+
+@dataclass
+class Storage:
+    """One storage.cfg section: `options` in file order, values as written (`content` a comma list)."""
+
+    id: str
+    type: str
+    options: dict[str, str]
+
+    @property
+    def content(self) -> list[str]:
+        default = "images,rootdir"  # every plugin's default content ($def->{content}->[1])
+        return [c for c in re.split(r"[,;\s]+", self.options.get("content", default)) if c]
+
+    @property
+    def valid_content(self) -> tuple[str, ...]:
+        return CONTENT_TYPES if self.type in FILE_STORAGE_TYPES else ("images", "rootdir")
+
+    @property
+    def path(self) -> str | None:
+        return self.options.get("path") if self.type in FILE_STORAGE_TYPES else None
+
+
+def parse_storage_cfg(text: str) -> list[Storage]:
+    """Sections in file order; Plugin::parse_config adds a `local` dir storage when none is defined."""
+    storages: list[Storage] = []
+    current: Storage | None = None
+    for line in text.split("\n"):
+        if re.match(r"\s*#", line):
+            continue
+        if line.strip() == "":
+            current = None
+            continue
+        header = re.fullmatch(r"(\S+):\s*(\S+)\s*", line)
+        if current is None and header:
+            current = Storage(header.group(2), header.group(1).lower(), {})
+            storages.append(current)
+            continue
+        prop = re.fullmatch(r"\s+(\S+)(\s+(.*\S))?\s*", line)
+        if current is not None and prop is not None:
+            current.options[prop.group(1)] = prop.group(3) if prop.group(3) is not None else "1"
+    if not any(s.id == "local" and s.type == "dir" for s in storages):
+        storages = [s for s in storages if s.id != "local"]
+        content = "backup,images,iso,rootdir,snippets,vztmpl"
+        local = {"path": "/var/lib/vz", "content": content, "prune-backups": "keep-all=1"}
+        storages.insert(0, Storage("local", "dir", local))
+    return storages
+
+
+def write_storage_cfg(storages: list[Storage]) -> str:
+    """SectionConfig::write_config: `disable` first, the type's required options, then the rest sorted."""
+    out = []
+    for s in storages:
+        out.append(f"{s.type}: {s.id}\n")
+        if s.options.get("disable") == "1":
+            out.append("\tdisable\n")
+        required = REQUIRED_OPTIONS.get(s.type, ())
+        rest = sorted(k for k in s.options if k not in required and k != "disable")
+        out.extend(f"\t{k} {s.options[k]}\n" for k in [*required, *rest] if k in s.options)
+        out.append("\n")
+    return "".join(out)
+
+
+def _storage_state(settings: Settings) -> tuple[list[Storage], str]:
+    path = settings.path(STORAGE_CFG)
+    data = path.read_bytes() if path.is_file() else DEFAULT_STORAGE_CFG.encode()
+    return parse_storage_cfg(data.decode()), sha1(data)
+
+
+def storage_config(settings: Settings, storage_id: str) -> Storage:
+    """PVE::Storage::storage_config: the section, or `storage '<id>' does not exist`."""
+    for storage in _storage_state(settings)[0]:
+        if storage.id == storage_id:
+            return storage
+    raise DieError(f"storage '{storage_id}' does not exist\n")
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A parsed volume id: its content type (`vtype`), its name, owner, format and data file (a path on
+    the node; `Settings.path` maps it into the stand-in's root)."""
+
+    volid: str
+    storage: Storage
+    vtype: str
+    name: str
+    vmid: str | None
+    format: str
+    file: str
+
+
+def parse_volume(settings: Settings, volid: str) -> Volume:
+    """PVE::Storage::parse_volname and path, with the plugins' texts for names they cannot parse."""
+    match = VOLUME_ID.fullmatch(volid)
+    if not match:
+        raise DieError(f"unable to parse volume ID '{volid}'\n")
+    storage = storage_config(settings, match.group(1))
+    volname = match.group(2)
+    if storage.path is None:
+        lvm = re.fullmatch(r"((?:vm|base)-(\d+)-\S+)", volname)
+        if not lvm:
+            raise DieError(f"unable to parse lvm volume name '{volname}'\n")
+        fmt = "qcow2" if volname.endswith(".qcow2") else "raw"
+        file = f"{LAB_VOLUMES}/{storage.id}/{volname}"
+        return Volume(volid, storage, "images", volname, lvm.group(2), fmt, file)
+    image = re.fullmatch(r"(\d+)/(\S+)", volname)
+    if image:
+        name_match = re.fullmatch(r"(?:base|vm)-(\d+)-\S+\.(raw|qcow2|vmdk|subvol)", image.group(2))
+        if not name_match:
+            raise DieError(f"unable to parse volume filename '{image.group(2)}'\n")
+        file = f"{storage.path}/images/{image.group(1)}/{image.group(2)}"
+        return Volume(volid, storage, "images", image.group(2), image.group(1), name_match.group(1), file)
+    patterns = (
+        ("iso", rf"iso/([^/]+{ISO_EXT})", None),
+        ("vztmpl", rf"vztmpl/([^/]+{VZTMPL_EXT})", None),
+        ("backup", r"backup/([^/]+\.(?:tgz|(?:tar|vma)(?:\.(?:gz|lzo|zst|bz2))?))", None),
+        ("snippets", r"snippets/([^/]+)", None),
+        ("import", rf"import/([ a-zA-Z0-9\-.+=_]+{IMPORT_EXT})", 2),
+    )
+    for vtype, pattern, format_group in patterns:
+        found = re.fullmatch(pattern, volname)
+        if found:
+            fmt = found.group(format_group) if format_group else "raw"
+            file = f"{storage.path}/{SUBDIRS[vtype]}/{found.group(1)}"
+            return Volume(volid, storage, vtype, found.group(1), None, fmt, file)
+    raise DieError(f"unable to parse directory volume name '{volname}'\n")
+
+
+def image_size(data_file: Path) -> int:
+    """The size of an image file: a qcow2 header's virtual size (bytes 24-31, big endian), else its length."""
+    with data_file.open("rb") as handle:
+        header = handle.read(32)
+    if len(header) == 32 and header[:4] == b"QFI\xfb":
+        return int.from_bytes(header[24:32], "big")
+    return data_file.stat().st_size
+
+
+def allocate_volume(
+    settings: Settings, storage: Storage, vmid: str, fmt: str, *, first: int, name: str = ""
+) -> tuple[str, Path]:
+    """PVE::Storage::vdisk_alloc: a free `vm-<vmid>-disk-<N>` (or `name`) on `storage`, its data file
+    created empty; returns the volume id and the data file (in the stand-in's root)."""
+    number = first
+    while True:
+        base = name or f"vm-{vmid}-disk-{number}"
+        if storage.path is not None:
+            volid, file = f"{storage.id}:{vmid}/{base}.{fmt}", f"{storage.path}/images/{vmid}/{base}.{fmt}"
+        else:
+            volid, file = f"{storage.id}:{base}", f"{LAB_VOLUMES}/{storage.id}/{base}"
+        data = settings.path(file)
+        if name or not data.exists():
+            data.parent.mkdir(parents=True, exist_ok=True)
+            data.write_bytes(b"")
+            return volid, data
+        number += 1
 
 
 # --- /etc/pve/mapping/pci.cfg (PVE::SectionConfig with Mapping/PCI.pm's header) -------------------
@@ -937,6 +1278,279 @@ def _local_node(settings: Settings, node: str) -> None:
         )
 
 
+# --- endpoints: storage (pve-storage API2/Storage/{Config,Content,Status}.pm) ----------------------------
+
+
+def _storage_json(storage: Storage, digest: str) -> dict[str, Any]:
+    """Config.pm's $api_storage_config: the options (booleans as numbers) plus storage, type, digest."""
+    result: dict[str, Any] = {k: int(v) if k in BOOLEAN_OPTIONS else v for k, v in storage.options.items()}
+    result.update(storage=storage.id, type=storage.type, digest=digest, content=",".join(storage.content))
+    return result
+
+
+def list_storages(call: Call) -> Json:
+    storages, digest = _storage_state(call.settings)
+    wanted = call.params.get("type")
+    return [_storage_json(s, digest) for s in storages if wanted in (None, s.type)]
+
+
+def get_storage(call: Call) -> Json:
+    digest = _storage_state(call.settings)[1]
+    return _storage_json(storage_config(call.settings, call.path_params["storage"]), digest)
+
+
+def update_storage(call: Call) -> Json:
+    """Config.pm `update` under lock_storage_config: every error gets `update storage failed: `; a content
+    type the plugin does not support is dropped with a warning (stderr), as Plugin::decode_value does."""
+    prefix = "update storage failed: "
+    storage_id = call.path_params["storage"]
+    with locked(call.settings):
+        storages, digest = _storage_state(call.settings)
+        try:
+            if call.params.get("digest") and call.params["digest"] != digest:
+                raise DieError("detected modified configuration - file changed by other user? Try again.\n")
+            storage = next((s for s in storages if s.id == storage_id), None)
+            if storage is None:
+                raise DieError(f"storage '{storage_id}' does not exist\n")
+            changes = {k: v for k, v in call.params.items() if k not in ("digest", "delete")}
+            if "content" in changes:
+                changes["content"] = _decoded_content(storage, changes["content"])
+            if "disable" in changes:
+                changes["disable"] = str(changes["disable"])
+            deletes = [k for k in re.split(r"[,;\s]+", call.params.get("delete", "")) if k]
+            for key in deletes:
+                if key not in (
+                    "content",
+                    "disable",
+                    "nodes",
+                    "shared",
+                    "prune-backups",
+                    *REQUIRED_OPTIONS.get(storage.type, ()),
+                ):
+                    raise DieError(f"no such option '{key}'\n")
+                if key in REQUIRED_OPTIONS.get(storage.type, ()):
+                    raise DieError(f"unable to delete required option '{key}'\n")
+                if key in changes:
+                    raise DieError(f"cannot set and delete property '{key}' at the same time!\n")
+        except DieError as error:
+            raise DieError(prefix + error.text) from None
+        for key in deletes:
+            storage.options.pop(key, None)
+        storage.options.update(changes)
+        write_atomic(call.settings.path(STORAGE_CFG), write_storage_cfg(storages))
+    return {"storage": storage.id, "type": storage.type}
+
+
+def _decoded_content(storage: Storage, value: str) -> str:
+    kept: list[str] = []
+    for content in [c for c in re.split(r"[,;\s]+", value) if c]:
+        if content not in storage.valid_content:
+            sys.stderr.write(f"storage does not support content type '{content}'\n")
+        elif content not in kept:
+            kept.append(content)
+    if "none" in kept and len(kept) > 1:
+        raise DieError("unable to combine 'none' with other content types\n")
+    if not kept:
+        raise DieError("storage does not support content type 'none'\n")
+    return ",".join(kept)
+
+
+def list_storage_content(call: Call) -> Json:
+    """Storage::volume_list: the content types asked for that the storage has, sorted by volid."""
+    settings = call.settings
+    storage = storage_config(settings, call.path_params["storage"])
+    wanted = [call.params["content"]] if "content" in call.params else list(SUBDIRS)
+    vmid = str(call.params["vmid"]) if "vmid" in call.params else None
+    result: list[dict[str, Any]] = []
+    for content in [c for c in wanted if c in storage.content]:
+        if content in ("images", "rootdir"):
+            items = [i for i in _list_images(settings, storage, vmid) if i["content"] == content]
+        elif storage.path is not None and content in ("iso", "vztmpl", "snippets", "import", "backup"):
+            if vmid is not None and content in ("iso", "vztmpl"):
+                continue
+            items = _list_files(settings, storage, content)
+        else:
+            continue
+        result.extend(items)
+    return sorted(result, key=lambda item: item["volid"].lower())
+
+
+def _list_images(settings: Settings, storage: Storage, vmid: str | None) -> list[dict[str, Any]]:
+    if storage.path is not None:
+        pattern, folder = r"(\d+)/((?:vm|base)-(\d+)-\S+\.(raw|qcow2|vmdk|subvol))", f"{storage.path}/images"
+        files = [f"{p.parent.name}/{p.name}" for p in settings.path(folder).glob("[0-9]*/*")]
+    else:
+        pattern, folder = r"()((?:vm|base)-(\d+)-\S+)()", f"{LAB_VOLUMES}/{storage.id}"
+        files = [p.name for p in settings.path(folder).glob("*")]
+    items = []
+    for rel in files:
+        match = re.fullmatch(pattern, rel)
+        if not match or (vmid is not None and match.group(3) != vmid):
+            continue
+        owner = match.group(3)
+        data = settings.path(f"{folder}/{rel}")
+        volid = f"{storage.id}:{rel}"
+        is_ct = settings.path(f"{LXC_DIR}/{owner}.conf").is_file()
+        item = {
+            "volid": volid,
+            "format": match.group(4) or "raw",
+            "size": _volume_size(settings, volid, owner, data),
+            "used": data.stat().st_size,
+            "vmid": int(owner),
+            "ctime": int(data.stat().st_ctime),
+            "content": "rootdir" if is_ct else "images",
+        }
+        items.append(item)
+    return items
+
+
+def _volume_size(settings: Settings, volid: str, owner: str, data: Path) -> int:
+    """A volume's size: the `size=` its guest's config records (the stand-in's volumes are small files),
+    else its image size."""
+    for folder in (QEMU_DIR, LXC_DIR):
+        conf = read_bytes(settings.path(f"{folder}/{owner}.conf")).decode()
+        for line in conf.splitlines():
+            found = re.match(rf"[a-z]+\d+: (?:file=)?{re.escape(volid)},(?:.*,)?size=([^,]+)", line)
+            if found and parse_size(found.group(1)) is not None:
+                return parse_size(found.group(1)) or 0
+    return image_size(data)
+
+
+def _list_files(settings: Settings, storage: Storage, content: str) -> list[dict[str, Any]]:
+    """Plugin.pm $get_subdir_files: the files of a content type's directory that its pattern accepts."""
+    folder = settings.path(f"{storage.path}/{SUBDIRS[content]}")
+    items = []
+    for data in sorted(folder.glob("*")) if folder.is_dir() else []:
+        if data.is_dir():
+            continue
+        name = data.name
+        if content == "iso":
+            if not re.fullmatch(rf"[^/]+{ISO_EXT}", name, re.IGNORECASE):
+                continue
+            item: dict[str, Any] = {"volid": f"{storage.id}:iso/{name}", "format": "iso"}
+        elif content == "vztmpl":
+            found = re.fullmatch(rf"[^/]+{VZTMPL_EXT}", name)
+            if not found:
+                continue
+            fmt = "tar" if found.group(1) else f"t{found.group(2)}"
+            item = {"volid": f"{storage.id}:vztmpl/{name}", "format": fmt}
+        elif content == "snippets":
+            item = {"volid": f"{storage.id}:snippets/{name}", "format": "snippet"}
+        elif content == "import":
+            found = re.fullmatch(rf"{SAFE_CHARS}+{IMPORT_EXT}", name, re.IGNORECASE)
+            if not found:
+                continue
+            item = {"volid": f"{storage.id}:import/{name}", "format": found.group(1)}
+        else:
+            continue  # backups: not modelled
+        stat_result = data.stat()
+        item.update(size=stat_result.st_size, ctime=int(stat_result.st_ctime), content=content)
+        items.append(item)
+    return items
+
+
+def parse_size(text: str) -> int | None:
+    """JSONSchema::parse_size: `<N>[KMGT]` (or `KiB`...) in bytes."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT](?:iB)?)?", text)
+    if not match:
+        return None
+    factor = 1024 ** ("BKMGT".index(match.group(2)[0]) if match.group(2) else 0)
+    return int(float(match.group(1)) * factor)
+
+
+def format_size(size: int) -> str:
+    """JSONSchema::format_size: the largest unit that divides the size."""
+    text = str(size)
+    for unit in "KMGT":
+        if size % 1024:
+            return text
+        size //= 1024
+        text = f"{size}{unit}"
+    return text
+
+
+def download_url(call: Call) -> Json:
+    """Status.pm `download_url`: checks before the task, then Tools::download_file_from_url in the task
+    `download` (worker id: the file name). The stand-in fetches with urllib instead of wget."""
+    settings, params = call.settings, call.params
+    storage = storage_config(settings, call.path_params["storage"])
+    if storage.options.get("disable") == "1":
+        raise DieError(f"storage '{storage.id}' is disabled\n")
+    if storage.path is None:
+        raise DieError(f"can't upload to storage type '{storage.type}', not a file based storage!\n")
+    content = params["content"]
+    if content not in storage.content:
+        raise DieError(f"storage '{storage.id}' is not configured for content-type '{content}'\n")
+    filename = re.sub(r"[^a-zA-Z0-9_.-]", "_", re.sub(r"^.*[/\\]", "", params["filename"].rstrip("\n")))
+    if content == "iso" and not re.search(rf"[^/]+{ISO_EXT}$", filename, re.IGNORECASE):
+        raise ParamError({"filename": "wrong file extension"})
+    if content == "vztmpl" and not re.search(rf"[^/]+{VZTMPL_EXT}$", filename, re.IGNORECASE):
+        raise ParamError({"filename": "wrong file extension"})
+    if content == "import" and not re.search(rf"{SAFE_CHARS}+{UPLOAD_IMPORT_EXT}$", filename):
+        raise ParamError({"filename": "invalid filename or wrong extension"})
+    dest = f"{storage.path}/{SUBDIRS[content]}/{filename}"
+    settings.path(dest).parent.mkdir(parents=True, exist_ok=True)
+
+    def worker(emit: Callable[[str], None]) -> None:
+        if "compression" in params and content != "iso":
+            raise DieError(f"decompression not supported for {content}\n")
+        _download(params, settings.path(dest), dest, emit)
+
+    return run_task(call, "download", filename, worker)
+
+
+def _download(params: dict[str, Any], target: Path, dest: str, emit: Callable[[str], None]) -> None:
+    url, algorithm = params["url"], params.get("checksum-algorithm")
+    expected = str(params.get("checksum", ""))
+    emit(f"downloading {url} to {dest}")
+    if target.exists():
+        if not algorithm:
+            raise DieError(f"refusing to override existing file '{dest}'\n")
+        got = _file_hash(algorithm, target)
+        if got == expected.lower():
+            emit("calculating checksum of existing file...OK, got correct file already, no need to download")
+            return
+        emit("calculating checksum of existing file...")
+        raise DieError(f"checksum mismatch: got '{got}' != expect '{expected}', aborting\n")
+    partial = target.with_name(f"{target.name}.tmp_dwnl.{os.getpid()}")
+    context = ssl.create_default_context()
+    if not params.get("verify-certificates", 1):
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        try:
+            with urllib.request.urlopen(url, timeout=60, context=context) as answer:
+                partial.write_bytes(answer.read())
+        except (OSError, ValueError) as error:
+            # wget's exit codes: 8 = the server answered with an error, 4 = network failure.
+            code = 8 if isinstance(error, urllib.error.HTTPError) else 4
+            command = f"wget --progress=dot:giga -O {dest}.tmp_dwnl.{os.getpid()} {url}"
+            raise DieError(f"download failed: command '{command}' failed: exit code {code}\n") from None
+        if algorithm:
+            got = _file_hash(algorithm, partial)
+            if got != expected.lower():
+                emit("calculating checksum...")
+                raise DieError(f"checksum mismatch: got '{got}' != expect '{expected}'\n")
+            emit("calculating checksum...OK, checksum verified")
+        if "compression" in params:
+            partial.write_bytes(_decompressed(params["compression"], partial.read_bytes()))
+        partial.rename(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    emit(f"download of '{url}' to '{dest}' finished")
+
+
+def _file_hash(algorithm: str, path: Path) -> str:
+    return hashlib.new(algorithm, path.read_bytes()).hexdigest()
+
+
+def _decompressed(compression: str, data: bytes) -> bytes:
+    if compression == "gz":
+        return gzip.decompress(data)
+    if compression == "bz2":
+        return bz2.decompress(data)
+    raise DieError(f"decompression of '{compression}' is not modelled by the lab stand-in\n")
+
+
 # --- guest config files (qemu-server and pve-container writers) ---------------------------------------
 
 
@@ -1064,35 +1678,229 @@ def _print_line(line: str) -> None:
     sys.stdout.write(line + "\n")
 
 
+DRIVE_KEY = re.compile(r"(efidisk|scsi|virtio|sata|ide|tpmstate)\d+")
+NEW_DISK = re.compile(r"(([^/:\s]+):)?(\d+(\.\d+)?)")
+IMPORT_SYNTAX = "'import-from' requires special syntax - use <storage ID>:0,import-from=<source>"
+EFIVARS_SIZE = {"4m": "4M", "2m": "128K"}
+
+
+@dataclass
+class Drive:
+    """A drive property string: its volume (`file`) and its other options."""
+
+    file: str
+    options: dict[str, str]
+
+    @classmethod
+    def parse(cls, value: str) -> Drive:
+        head, _, rest = value.partition(",")
+        options = {o.partition("=")[0]: o.partition("=")[2] for o in rest.split(",") if o}
+        return cls(head.removeprefix("file="), options)
+
+    def print(self) -> str:
+        """QemuServer::print_drive: the volume, then the options sorted (print_property_string)."""
+        return ",".join([self.file, *(f"{k}={v}" for k, v in sorted(self.options.items()))])
+
+    @property
+    def is_cloudinit(self) -> bool:
+        return (
+            re.search(r"[:/](?:vm-\d+-)?cloudinit(?:\.(?:raw|qcow2|vmdk|qed|cow|vdi|cloop))?$", self.file)
+            is not None
+        )
+
+    @property
+    def is_cdrom(self) -> bool:
+        return self.options.get("media") == "cdrom"
+
+
+def _drive_keys(conf: dict[str, str]) -> list[str]:
+    return sorted(k for k in conf if DRIVE_KEY.fullmatch(k))
+
+
+def check_drives(settings: Settings, changes: dict[str, str]) -> None:
+    """API2/Qemu.pm $check_drive_param, then $check_storage_access, before any lock or task (400s on the
+    drive's key, a missing storage as a plain error)."""
+    for key in _drive_keys(changes):
+        drive = Drive.parse(changes[key])
+        if "import-from" in drive.options:
+            new = NEW_DISK.fullmatch(drive.file)
+            if not new or float(new.group(3)) != 0:
+                raise ParamError({key: IMPORT_SYNTAX})
+            for required in ("efitype", "pre-enrolled-keys") if key == "efidisk0" else ():
+                if required not in drive.options:
+                    raise ParamError({key: f"need to specify '{required}' when using 'import-from'"})
+    for key in _drive_keys(changes):
+        _check_storage_access(settings, key, Drive.parse(changes[key]))
+
+
+def _check_storage_access(settings: Settings, key: str, drive: Drive) -> None:
+    volume = VOLUME_ID.fullmatch(drive.file)
+    new = NEW_DISK.fullmatch(drive.file)
+    if drive.file in ("none", "cloudinit", "cdrom") or (volume and volume.group(2) == "cloudinit"):
+        pass
+    elif new:
+        if new.group(2) is None:
+            raise DieError("no storage ID specified (and no default storage)\n")
+        if "images" not in storage_config(settings, new.group(2)).content:
+            raise ParamError({"storage": f"storage '{new.group(2)}' does not support vm images"})
+    elif volume and parse_volume(settings, drive.file).vtype not in ("images", "iso"):
+        raise ParamError({key: "content type needs to be 'images' or 'iso'"})
+    source = drive.options.get("import-from")
+    if source is not None and VOLUME_ID.fullmatch(source):
+        vtype = parse_volume(settings, source).vtype
+        if vtype not in ("images", "import"):
+            raise ParamError({key: f"{source} has wrong type '{vtype}' - needs to be 'images' or 'import'"})
+
+
+def validate_ssh_keys(encoded: str) -> None:
+    """PVE::Tools::validate_ssh_public_keys on the URL-decoded value: `ssh-keygen -l` must accept every
+    non-empty line (here: a known key type followed by base64 whose blob names that type)."""
+    for line in urllib.parse.unquote(encoded).split("\n"):
+        if line.strip() and not _is_public_key(line):
+            raise DieError("SSH public key validation error\n")
+
+
+SSH_KEY_TYPES = (
+    "ssh-rsa",
+    "ssh-dss",
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+
+
+def _is_public_key(line: str) -> bool:
+    tokens = line.split()
+    for index, token in enumerate(tokens[:-1]):
+        if token in SSH_KEY_TYPES:
+            try:
+                blob = base64.b64decode(tokens[index + 1], validate=True)
+            except ValueError:
+                return False
+            length = int.from_bytes(blob[:4], "big")
+            return blob[4 : 4 + length] == token.encode()
+    return False
+
+
 def _next_disk(conf: GuestConfig) -> int:
     """The number of the next `vm-<vmid>-disk-<N>` volume: one past every volume the config names."""
-    numbers = [int(n) for value in conf.main.values() for n in re.findall(r":vm-\d+-disk-(\d+)", value)]
+    numbers = [int(n) for value in conf.main.values() for n in re.findall(r"[:/]vm-\d+-disk-(\d+)", value)]
     return max(numbers, default=-1) + 1
 
 
-def _allocate_disks(call: Call, conf: dict[str, str], emit: Callable[[str], None], disk: int = 0) -> None:
-    vmid = call.path_params.get("vmid") or str(call.params["vmid"])
-    keys = sorted(k for k in conf if re.fullmatch(r"(efidisk|scsi|virtio|sata|ide)\d+", k))
-    keys.sort(key=lambda k: not k.startswith("efidisk"))
-    for key in keys:
-        head, _, rest = conf[key].partition(",")
-        head = head.removeprefix("file=")
-        match = re.fullmatch(r"([a-zA-Z][\w\-.]*):(\d+(?:\.\d+)?)", head)
-        if not match:
-            continue
-        storage, size = match.groups()
-        if storage not in call.settings.storages:
-            raise DieError(f"storage '{storage}' does not exist\n")
-        options = [o for o in rest.split(",") if o]
-        if key.startswith("efidisk"):
-            efitype = next((o.split("=", 1)[1] for o in options if o.startswith("efitype=")), "2m")
-            options.append(f"size={'4M' if efitype == '4m' else '128K'}")
+@dataclass
+class Allocation:
+    """create_disks' running state: the next disk number, the data files made (freed on error)."""
+
+    vmid: str
+    next_disk: int
+    files: list[Path] = field(default_factory=list)
+
+    def free(self) -> None:
+        for data in self.files:
+            data.unlink(missing_ok=True)
+
+
+def allocate_disks(
+    settings: Settings,
+    conf: dict[str, str],
+    existing: dict[str, str],
+    emit: Callable[[str], None],
+    allocation: Allocation,
+) -> None:
+    """API2/Qemu.pm create_disks: `<storage>:<GiB>` allocates, `<storage>:0,import-from=<source>` copies
+    the source, `<storage>:cloudinit` makes the cloud-init drive; each prints `<key>: successfully created
+    disk '<value>'`. `existing`: the config the drives join (a second cloud-init drive is refused)."""
+    for key in _drive_keys(conf):
+        drive = Drive.parse(conf[key])
+        volume = VOLUME_ID.fullmatch(drive.file)
+        if volume and volume.group(2) == "cloudinit":
+            _cloudinit_drive(settings, key, drive, {**existing, **conf}, allocation)
+        elif NEW_DISK.fullmatch(drive.file):
+            _new_disk(settings, key, drive, emit, allocation)
         else:
-            options.append(f"size={size}G")
-        volume = f"{storage}:vm-{vmid}-disk-{disk}"
-        disk += 1
-        conf[key] = ",".join([volume, *options])
+            continue
+        conf[key] = drive.print()
         emit(f"{key}: successfully created disk '{conf[key]}'")
+
+
+def _cloudinit_drive(
+    settings: Settings, key: str, drive: Drive, conf: dict[str, str], allocation: Allocation
+) -> None:
+    other = next((k for k in _drive_keys(conf) if k != key and Drive.parse(conf[k]).is_cloudinit), None)
+    if other is not None:
+        raise DieError(f"{key} - cloud-init drive is already attached at '{other}'\n")
+    storage = storage_config(settings, drive.file.split(":")[0])
+    fmt = drive.options.pop("format", "qcow2")
+    name = f"vm-{allocation.vmid}-cloudinit" + (f".{fmt}" if storage.path is not None else "")
+    drive.file = _allocate(settings, storage, allocation, fmt, name)[0]
+    drive.options["media"] = "cdrom"
+
+
+def _allocate(
+    settings: Settings, storage: Storage, allocation: Allocation, fmt: str, name: str = ""
+) -> tuple[str, Path]:
+    volid, data = allocate_volume(
+        settings, storage, allocation.vmid, fmt, first=allocation.next_disk, name=name
+    )
+    allocation.files.append(data)
+    number = re.search(r"disk-(\d+)", volid)
+    if number and not name:
+        allocation.next_disk = int(number.group(1)) + 1
+    return volid, data
+
+
+def _new_disk(
+    settings: Settings, key: str, drive: Drive, emit: Callable[[str], None], allocation: Allocation
+) -> None:
+    new = NEW_DISK.fullmatch(drive.file)
+    assert new is not None
+    storage = storage_config(settings, new.group(2))
+    source = drive.options.pop("import-from", None)
+    fmt = drive.options.pop("format", None)
+    if source is None:
+        volid, _ = _allocate(settings, storage, allocation, fmt or "raw")
+        size = int(float(new.group(3)) * 1024**3)
+    else:
+        source_file, source_format = _import_source(settings, source)
+        if storage.path is None:
+            fmt = "raw"
+        elif fmt is None:
+            fmt = source_format if source_format in ("raw", "qcow2", "vmdk") else "raw"
+        if VOLUME_ID.fullmatch(source):
+            emit(f"create full clone of drive ({source})")
+        volid, data = _allocate(settings, storage, allocation, fmt)
+        data.write_bytes(source_file.read_bytes())
+        size = image_size(source_file)
+    drive.file = volid
+    if key == "efidisk0":
+        drive.options["size"] = EFIVARS_SIZE.get(drive.options.get("efitype", "2m"), "128K")
+    else:
+        drive.options["size"] = format_size(size)
+
+
+def _import_source(settings: Settings, source: str) -> tuple[Path, str]:
+    """The data file and format of an `import-from` source, with create_disks' and $import_from_volid's
+    texts when it is missing."""
+    if not VOLUME_ID.fullmatch(source):
+        data = settings.path(source)
+        if not source.startswith("/") or not data.is_file():
+            raise DieError(f"can't find file '{source}'\n")
+        return data, "raw"
+    volume = parse_volume(settings, source)
+    data = settings.path(volume.file)
+    if volume.vtype == "import":
+        if not data.is_file():
+            raise DieError(f"failed to stat '{volume.file}'\n")
+        return data, volume.format
+    if not data.is_file():
+        raise DieError(f"cannot import from '{source}' - could not get size of {source}\n")
+    if Drive(source, {}).is_cloudinit:
+        raise DieError(f"cannot import from '{source}' - cannot import from cloudinit disk\n")
+    return data, volume.format
 
 
 def _mac(vmid: str, index: str) -> str:
@@ -1122,6 +1930,9 @@ def create_qemu(call: Call) -> Json:
     settings = call.settings
     vmid = str(call.params["vmid"])
     call.path_params["vmid"] = vmid
+    if "sshkeys" in call.params:
+        validate_ssh_keys(call.params["sshkeys"])
+    check_drives(settings, _config_keys(call.params))
     with locked(settings):
         for kind, folder in (("VM", QEMU_DIR), ("CT", LXC_DIR)):
             if settings.path(f"{folder}/{vmid}.conf").exists():
@@ -1133,9 +1944,11 @@ def create_qemu(call: Call) -> Json:
 
     def worker(emit: Callable[[str], None]) -> None:
         conf = _config_keys(call.params)
+        allocation = Allocation(vmid, 0)
         try:
-            _allocate_disks(call, conf, emit)
+            allocate_disks(settings, conf, {}, emit, allocation)
         except DieError as error:
+            allocation.free()
             path.unlink()
             raise DieError(f"unable to create VM {vmid} - {error.text}") from None
         _add_macs(vmid, conf)
@@ -1159,6 +1972,8 @@ def get_qemu_config(call: Call) -> Json:
         values.update({k: v for k, v in conf.pending.items() if k != "delete"})
         for key in _pending_deletes(conf):
             values.pop(key, None)
+    if "cipassword" in values:
+        values["cipassword"] = "**********"
     return {**_typed(values, QEMU_KEYS, QEMU_INDEXED), "digest": conf.digest}
 
 
@@ -1182,10 +1997,18 @@ def _config_update(call: Call, schema: Callable[[str], P | None]) -> tuple[dict[
 def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
     settings = call.settings
     vmid = call.path_params["vmid"]
+    if "sshkeys" in call.params:
+        validate_ssh_keys(call.params["sshkeys"])
     changes, deletes = _config_update(call, _qemu_extra)
+    if "hookscript" in changes:
+        try:
+            check_hookscript(settings, changes["hookscript"])
+        except DieError as error:
+            raise ParamError({"hookscript": error.text.rstrip("\n")}) from None
     for key in deletes:
         if key in changes:
             raise ParamError({"delete": f"you can't use '-{key}' and -delete {key}' at the same time"})
+    check_drives(settings, changes)
     with locked(settings):
         conf = _load_guest(call, "qemu")
         if "digest" in call.params and call.params["digest"] != conf.digest:
@@ -1193,9 +2016,15 @@ def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
         if "lock" in conf.main and not call.params.get("skiplock"):
             raise DieError(f"VM is locked ({conf.main['lock']})\n")
         shown = {**changes, **({"delete": ",".join(deletes)} if deletes else {})}
+        shown.update({"cipassword": "<hidden>"} if "cipassword" in shown else {})
         sys.stdout.write(f"update VM {vmid}: " + " ".join(f"-{k} {shown[k]}" for k in sorted(shown)) + "\n")
-        # As qemu-server's update: a `<storage>:<GiB>` disk is allocated, a new NIC gets a MAC.
-        _allocate_disks(call, changes, _print_line, _next_disk(conf))
+        # As qemu-server's update: disks are allocated (or imported), a new NIC gets a MAC.
+        allocation = Allocation(vmid, _next_disk(conf))
+        try:
+            allocate_disks(settings, changes, {**conf.main, **conf.pending}, _print_line, allocation)
+        except DieError:
+            allocation.free()
+            raise
         _add_macs(vmid, changes)
         running = _is_running(call)
         for key in deletes:
@@ -1306,9 +2135,10 @@ def _passthrough(call: Call, conf: dict[str, str]) -> list[dict[str, Any]]:
     return devices
 
 
-def _hypervisor(call: Call, request: dict[str, Any]) -> dict[str, Any]:
-    """Ask the lab hypervisor (outside the node) to start/stop a VM's guest or a CT's container host; wait
-    for its answer (requests: lab/pve/hypervisor.py)."""
+def _hypervisor(call: Call, request: dict[str, Any], failure: str = "start failed: ") -> dict[str, Any]:
+    """Ask the lab hypervisor (outside the node) to start/stop a VM's guest or a CT's container host, or
+    to run a guest agent command; wait for its answer (requests: lab/pve/hypervisor.py). A refusal fails
+    with `<failure><error>`."""
     settings = call.settings
     if settings.hypervisor_dir is None:
         return {"ok": True, "pid": os.getpid()}
@@ -1326,14 +2156,129 @@ def _hypervisor(call: Call, request: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = json.loads(answer_path.read_text())
     answer_path.unlink()
     if not answer.get("ok"):
-        raise DieError(f"start failed: {answer.get('error', 'lab hypervisor failed')}\n")
+        raise DieError(f"{failure}{answer.get('error', 'lab hypervisor failed')}\n")
     return answer
+
+
+def _boot_disk(settings: Settings, conf: dict[str, str]) -> dict[str, str] | None:
+    """The disk the VM boots from: the first disk of `boot: order=...` (else scsi0), with its volume's data
+    file (a path on the node) for the lab hypervisor; None when there is none."""
+    order = re.sub(r"^order=", "", conf.get("boot", "")).split(";")
+    keys = [k for k in [*order, "scsi0"] if DRIVE_KEY.fullmatch(k) and k in conf]
+    for key in keys:
+        drive = Drive.parse(conf[key])
+        if drive.is_cdrom or not VOLUME_ID.fullmatch(drive.file):
+            continue
+        return {"key": key, "volume": drive.file, "path": parse_volume(settings, drive.file).file}
+    return None
+
+
+def _cloud_init(settings: Settings, vmid: str, conf: dict[str, str]) -> dict[str, Any] | None:
+    """What Cloudinit.pm generates at start when the VM has a `vm-<vmid>-cloudinit` drive: the user-data
+    (the cicustom `user` snippet, else cloudinit_userdata), and what the lab hypervisor needs besides.
+    Every cicustom volume is read, as get_custom_cloudinit_files does."""
+    if not any(f"vm-{vmid}-cloudinit" in Drive.parse(conf[k]).file for k in _drive_keys(conf)):
+        return None
+    custom = parse_property_string(P(props=CICUSTOM_FMT), conf.get("cicustom", ""))
+    texts = {
+        kind: _snippet(settings, custom[kind])
+        for kind in ("network", "user", "meta", "vendor")
+        if kind in custom
+    }
+    net0 = re.match(r"(?:[a-z0-9]+|macaddr)=([0-9A-Fa-f:]{17})", conf.get("net0", ""))
+    return {
+        "user_data": texts.get("user", cloudinit_userdata(conf, vmid)),
+        "ipconfig0": conf.get("ipconfig0"),
+        "hostname": _hostname_fqdn(conf, vmid)[0],
+        "mac": net0.group(1) if net0 else None,
+    }
+
+
+def _snippet(settings: Settings, volid: str) -> str:
+    """Cloudinit.pm read_cloudinit_snippets_file."""
+    volume = parse_volume(settings, volid)
+    if volume.vtype != "snippets":
+        raise DieError(f"{volid} is not in the snippets directory\n")
+    data = settings.path(volume.file)
+    if not data.is_file():
+        raise DieError(f"can't find file '{volid}'\n")
+    return data.read_bytes()[: 1024 * 1024].decode(errors="replace")
+
+
+def _hostname_fqdn(conf: dict[str, str], vmid: str) -> tuple[str, str]:
+    hostname = conf.get("name", f"VM{vmid}")
+    if "." in hostname:
+        return hostname.split(".", 1)[0], hostname
+    if conf.get("searchdomain"):
+        return hostname, f"{hostname}.{conf['searchdomain']}"
+    return hostname, hostname
+
+
+def cloudinit_userdata(conf: dict[str, str], vmid: str) -> str:
+    """Cloudinit.pm cloudinit_userdata: the user-data Proxmox generates from name, ciuser, cipassword,
+    sshkeys and ciupgrade."""
+    hostname, fqdn = _hostname_fqdn(conf, vmid)
+    content = f"#cloud-config\nhostname: {hostname}\nmanage_etc_hosts: true\nfqdn: {fqdn}\n"
+    username = conf.get("ciuser")
+    if username is not None:
+        content += f"user: {username}\n"
+        if username == "root":
+            content += "disable_root: False\n"
+    if "cipassword" in conf:
+        content += f"password: {conf['cipassword']}\n"
+    if "sshkeys" in conf:
+        keys = [k for k in urllib.parse.unquote(conf["sshkeys"]).split("\n") if k.strip()]
+        content += "ssh_authorized_keys:\n" + "".join(f"  - {k}\n" for k in keys)
+    content += "chpasswd:\n  expire: False\n"
+    if username != "root":
+        content += "users:\n  - default\n"
+    if parse_boolean(conf.get("ciupgrade", "1")) != 0:
+        content += "package_upgrade: true\n"
+    return content
+
+
+def check_hookscript(settings: Settings, volid: str) -> Path:
+    """PVE::GuestHelpers::check_hookscript: the script's path, or DieError with Proxmox's text."""
+    volume = parse_volume(settings, volid)
+    path = settings.path(volume.file)
+    if volume.vtype != "snippets":
+        raise DieError(f"'{volid}' is not in the snippets directory\n")
+    if not path.is_file():
+        raise DieError(f"script '{volid}' does not exist\n")
+    if not os.access(path, os.X_OK):
+        raise DieError(f"script '{volid}' is not executable\n")
+    return path
+
+
+def exec_hookscript(
+    settings: Settings, conf: dict[str, str], vmid: str, phase: str, emit: Callable[[str], None]
+) -> None:
+    """PVE::GuestHelpers::exec_hookscript with stop_on_error (pre-start): run `<script> <vmid> <phase>`, its
+    output to the task log; a failure dies with `hookscript error for <vmid> on <phase>: <error>`."""
+    if not conf.get("hookscript"):
+        return
+    try:
+        path = check_hookscript(settings, conf["hookscript"])
+        argv = [str(path), vmid, phase]
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+        for line in done.stdout.splitlines():
+            emit(line)
+        if done.returncode != 0:
+            raise DieError(f"command '{' '.join(argv)}' failed: exit code {done.returncode}\n")
+    except DieError as error:
+        raise DieError(f"hookscript error for {vmid} on {phase}: {error.text}\n") from None
+
+
+def _net0_mac(conf: dict[str, str]) -> str | None:
+    """net0's MAC (the NIC an installed system's guest agent reports), None without one."""
+    net0 = re.match(r"(?:[a-z0-9]+|macaddr)=([0-9A-Fa-f:]{17})", conf.get("net0", ""))
+    return net0.group(1) if net0 else None
 
 
 def start_qemu(call: Call) -> Json:
     vmid = call.path_params["vmid"]
 
-    def worker(_emit: Callable[[str], None]) -> None:
+    def worker(emit: Callable[[str], None]) -> None:
         with locked(call.settings):
             if not _guest_path(call, "qemu").is_file():
                 raise DieError(
@@ -1348,20 +2293,28 @@ def start_qemu(call: Call) -> Json:
                 raise DieError(f"VM {vmid} already running\n")
             staged = GuestConfig(dict(conf.main), dict(conf.pending), conf.raw_lxc, conf.digest)
             _apply_pending(staged)
-            devices = _passthrough(call, staged.main)
+            cloud_init = _cloud_init(call.settings, vmid, staged.main)
             if conf.pending:
                 write_atomic(_guest_path(call, "qemu"), write_guest_config(staged, "[PENDING]"))
+        # vm_start_nolock runs the pre-start hook here, before it checks the mappings; outside the stand-in's
+        # one lock (Proxmox holds only the VM's config lock), as the hook may write a mapping.
+        exec_hookscript(call.settings, staged.main, vmid, "pre-start", emit)
+        with locked(call.settings):
+            devices = _passthrough(call, staged.main)
+            disk = _boot_disk(call.settings, staged.main)
         machine = staged.main.get("machine", "pc").split(",")[0]
-        answer = _hypervisor(
-            call,
-            {
-                "action": "start",
-                "vmid": int(vmid),
-                "name": staged.main.get("name"),
-                "machine": machine,
-                "devices": devices,
-            },
-        )
+        request = {
+            "action": "start",
+            "vmid": int(vmid),
+            "name": staged.main.get("name"),
+            "machine": machine,
+            "bios": staged.main.get("bios", "seabios"),
+            "devices": devices,
+            "disk": disk,
+            "cloud_init": cloud_init,
+            "mac": _net0_mac(staged.main),
+        }
+        answer = _hypervisor(call, request)
         record = {
             "pid": answer["pid"],
             "started": int(time.time()),
@@ -1386,6 +2339,100 @@ def stop_qemu(call: Call, task_type: str) -> Json:
         _running_path(call).unlink(missing_ok=True)
 
     return run_task(call, task_type, vmid, worker)
+
+
+def resize_qemu(call: Call) -> Json:
+    """API2/Qemu.pm `resize_vm` (task `resize`): grows the disk's volume and records `size=`. The stand-in's
+    volume size is the `size=` its config records (else the data file's image size)."""
+    vmid, key, text = call.path_params["vmid"], call.params["disk"], call.params["size"]
+
+    def worker(_emit: Callable[[str], None]) -> None:
+        with locked(call.settings):
+            conf = _load_guest(call, "qemu")
+            if call.params.get("digest") and call.params["digest"] != conf.digest:
+                raise DieError("checksum mismatch (file change by other user?)\n")
+            if "lock" in conf.main and not call.params.get("skiplock"):
+                raise DieError(f"VM is locked ({conf.main['lock']})\n")
+            if key not in conf.main:
+                raise DieError(f"disk '{key}' does not exist\n")
+            drive = Drive.parse(conf.main[key])
+            if drive.is_cdrom:
+                raise DieError("you can't resize a cdrom\n")
+            volume = parse_volume(call.settings, drive.file)
+            data = call.settings.path(volume.file)
+            size = parse_size(drive.options.get("size", "")) if "size" in drive.options else None
+            if size is None and data.is_file():
+                size = image_size(data)
+            if size is None:
+                raise DieError(f"Could not determine current size of volume '{drive.file}'\n")
+            grow = text.startswith("+")
+            new = parse_size(text.lstrip("+"))
+            assert new is not None
+            new += size if grow else 0
+            if new < size:
+                raise DieError("shrinking disks is not supported\n")
+            if new == size:
+                return
+            drive.options["size"] = format_size(new)
+            conf.main[key] = drive.print()
+            write_atomic(_guest_path(call, "qemu"), write_guest_config(conf, "[PENDING]"))
+
+    return run_task(call, "resize", vmid, worker)
+
+
+AGENT_DIR = "/var/lib/pvegpu-lab/agent"  # <vmid>.json: the lab hypervisor's network-get-interfaces answer
+
+
+def _agent_available(call: Call) -> Path:
+    """QemuServer/Agent.pm assert_agent_available: configured, VM running, agent answering (the lab
+    hypervisor wrote the guest's agent file); returns that file."""
+    vmid = call.path_params["vmid"]
+    conf = _load_guest(call, "qemu")
+    if "agent" not in conf.main:
+        raise DieError("No QEMU guest agent configured\n")
+    if not _is_running(call):
+        raise DieError(f"VM {vmid} is not running\n")
+    agent = call.settings.path(f"{AGENT_DIR}/{vmid}.json")
+    if not agent.is_file():
+        raise DieError("QEMU guest agent is not running\n")
+    return agent
+
+
+def agent_network(call: Call) -> Json:
+    return json.loads(_agent_available(call).read_text())
+
+
+def agent_command(call: Call, command: str, params: dict[str, Any]) -> Any:
+    """A guest agent command the lab hypervisor carries out in the guest: its `result`; its `error` fails
+    the call as check_agent_error does (`Agent error: <error>`)."""
+    _agent_available(call)
+    request = {"action": "agent", "vmid": int(call.path_params["vmid"]), "command": command, "params": params}
+    return _hypervisor(call, request, "Agent error: ").get("result")
+
+
+def agent_fsinfo(call: Call) -> Json:
+    return {"result": agent_command(call, "get-fsinfo", {})}
+
+
+def agent_file_read(call: Call) -> Json:
+    return agent_command(call, "file-read", dict(call.params))
+
+
+def agent_file_write(call: Call) -> Json:
+    """`content` reaches the hypervisor decoded (with encode=0 the caller sent it base64-encoded)."""
+    content = call.params["content"]
+    if call.params.get("encode", 1) == 0:
+        content = base64.b64decode(content).decode(errors="replace")
+    agent_command(call, "file-write", {"file": call.params["file"], "content": content})
+    return None
+
+
+def agent_exec(call: Call) -> Json:
+    return agent_command(call, "exec", dict(call.params))
+
+
+def agent_exec_status(call: Call) -> Json:
+    return agent_command(call, "exec-status", {"pid": call.params["pid"]})
 
 
 # --- endpoints: lxc ----------------------------------------------------------------------------------
@@ -1456,8 +2503,9 @@ def create_lxc(call: Call) -> Json:
         conf.pop("ssh-public-keys", None)
         try:
             match = re.fullmatch(r"([a-zA-Z][\w\-.]*):(\d+)", conf.get("rootfs", "local:4"))
-            if not match or match.group(1) not in settings.storages:
+            if not match:
                 raise DieError(f"storage '{conf.get('rootfs', '').split(':')[0]}' does not exist\n")
+            storage_config(settings, match.group(1))
             for key, value in conf.items():
                 if re.fullmatch(r"dev\d+", key):
                     _check_device(settings, value)
@@ -1575,6 +2623,59 @@ QEMU_UPDATE_P = {
     "digest": P(max_length=40),
     "skiplock": BOOL,
 }
+
+# QemuServer/Drive.pm valid_drive_names (this order).
+DRIVE_NAMES = (
+    *(f"ide{i}" for i in range(4)),
+    *(f"scsi{i}" for i in range(31)),
+    *(f"virtio{i}" for i in range(16)),
+    *(f"sata{i}" for i in range(6)),
+    "efidisk0",
+    "tpmstate0",
+)
+AGENT_PATH = r"nodes/(?P<node>[^/]+)/qemu/(?P<vmid>[^/]+)/agent"
+AGENT_ROUTES: list[tuple[str, str, Endpoint]] = [
+    ("get", f"{AGENT_PATH}/network-get-interfaces", Endpoint("GET", {}, agent_network)),
+    ("get", f"{AGENT_PATH}/get-fsinfo", Endpoint("GET", {}, agent_fsinfo)),
+    (
+        "get",
+        f"{AGENT_PATH}/file-read",
+        Endpoint(
+            "GET",
+            {
+                "file": P(optional=False),
+                "count": P(type="integer", minimum=1, maximum=16 * 1024 * 1024),
+                "decode": BOOL,
+                "offset": P(type="integer", minimum=0),
+            },
+            agent_file_read,
+        ),
+    ),
+    (
+        "create",
+        f"{AGENT_PATH}/file-write",
+        Endpoint(
+            "POST",
+            {"file": P(optional=False), "content": P(optional=False, max_length=60 * 1024), "encode": BOOL},
+            agent_file_write,
+            True,
+        ),
+    ),
+    (
+        "create",
+        f"{AGENT_PATH}/exec",
+        Endpoint(
+            "POST",
+            {"command": P(type="array", optional=False, items=P()), "input-data": P(max_length=64 * 1024)},
+            agent_exec,
+        ),
+    ),
+    (
+        "get",
+        f"{AGENT_PATH}/exec-status",
+        Endpoint("GET", {"pid": P(type="integer", optional=False)}, agent_exec_status),
+    ),
+]
 
 ROUTES: list[tuple[str, str, Endpoint]] = [
     ("get", r"version", Endpoint("GET", {}, get_version)),
@@ -1702,6 +2803,65 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
         r"nodes/(?P<node>[^/]+)/lxc/(?P<vmid>[^/]+)/status/stop",
         Endpoint("POST", {"skiplock": BOOL, "overrule-shutdown": BOOL}, stop_lxc),
     ),
+    (
+        "set",
+        r"nodes/(?P<node>[^/]+)/qemu/(?P<vmid>[^/]+)/resize",
+        Endpoint(
+            "PUT",
+            {
+                "disk": P(optional=False, enum=DRIVE_NAMES),
+                "size": P(optional=False, pattern=r"\+?\d+(\.\d+)?[KMGT]?"),
+                "digest": P(max_length=40),
+                "skiplock": BOOL,
+            },
+            resize_qemu,
+        ),
+    ),
+    *AGENT_ROUTES,
+    ("get", r"storage", Endpoint("GET", {"type": P(enum=STORAGE_TYPES)}, list_storages)),
+    ("get", r"storage/(?P<storage>[^/]+)", Endpoint("GET", {}, get_storage)),
+    (
+        "set",
+        r"storage/(?P<storage>[^/]+)",
+        Endpoint(
+            "PUT",
+            {
+                "content": P(verify=verify_content_list, list_format=True),
+                "delete": P(list_format=True),
+                "digest": P(max_length=64),
+                "disable": BOOL,
+            },
+            update_storage,
+        ),
+    ),
+    (
+        "get",
+        r"nodes/(?P<node>[^/]+)/storage/(?P<storage>[^/]+)/content",
+        Endpoint(
+            "GET",
+            {"content": P(verify=verify_content), "vmid": P(type="integer", verify=verify_vmid, minimum=100)},
+            list_storage_content,
+        ),
+    ),
+    (
+        "create",
+        r"nodes/(?P<node>[^/]+)/storage/(?P<storage>[^/]+)/download-url",
+        Endpoint(
+            "POST",
+            {
+                "url": P(optional=False, pattern=r"https?://.*"),
+                "content": P(optional=False, verify=verify_content, enum=("iso", "vztmpl", "import")),
+                "filename": P(optional=False, max_length=255),
+                "checksum": P(requires="checksum-algorithm"),
+                "checksum-algorithm": P(
+                    enum=("md5", "sha1", "sha224", "sha256", "sha384", "sha512"), requires="checksum"
+                ),
+                "compression": P(enum=("gz", "lzo", "zst", "bz2")),
+                "verify-certificates": BOOL,
+            },
+            download_url,
+        ),
+    ),
     ("get", r"nodes/(?P<node>[^/]+)/tasks/(?P<upid>[^/]+)/status", Endpoint("GET", {}, get_task_status)),
     (
         "get",
@@ -1720,6 +2880,7 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
 ]
 PATH_PARAMS: dict[str, P] = {
     "node": NODE_P,
+    "storage": P(optional=False, verify=verify_storage_id),
     "vmid": VMID_P,
     "id": P(optional=False, verify=verify_configid),
     "upid": P(optional=False),
@@ -1777,6 +2938,7 @@ def main(argv: list[str]) -> int:  # noqa: PLR0912
     for key, schema in endpoint.params.items():
         if not schema.optional and key not in raw:
             _add(errors, key, "property is missing and it is not optional")
+    check_requires("", endpoint.params, raw, errors)
     try:
         if errors:
             raise ParamError(errors)

@@ -100,8 +100,9 @@ def pve_client(host: Any) -> PveClient:
     return client
 
 
-# What only a write changes: a guest's config, the PCI mappings. A status or a task changes by itself.
-_SHARED = re.compile(r"/cluster/mapping/pci(/[^/]+)?|/nodes/[^/]+/(qemu|lxc)/\d+/config")
+# What only a write changes: a guest's config, the PCI mappings, a storage's config. A status or a task
+# changes by itself.
+_SHARED = re.compile(r"/cluster/mapping/pci(/[^/]+)?|/nodes/[^/]+/(qemu|lxc)/\d+/config|/storage/[^/]+")
 
 
 def shared_reads(client: PveClient) -> PveClient:

@@ -17,7 +17,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Protocol, TypeVar, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, Tag, ValidationError
 from pydantic_core import ErrorDetails, PydanticUndefined
 
 from pvegpu.models.bench import BENCH_KEY, BenchSpec
@@ -32,6 +32,8 @@ from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.vm import VM_KEY, VmSpec
 
 NODE_KEY = "node"
+# pyinfra's host data key of the known_hosts file it checks the host's SSH key against.
+KNOWN_HOSTS_KEY = "ssh_known_hosts_file"
 
 # Proxmox `pve-node` format (proxmox-pci-mapping.md §2); 63 is the DNS label limit a hostname obeys.
 _NODE_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?")
@@ -200,8 +202,20 @@ def _validate_host(data: object) -> tuple[NodeSpec | None, list[str]]:
         problems.extend(spec_problems)
         if spec is not None:
             validated[key] = spec
+    problems.extend(_known_hosts_problems(data, validated.get(VM_KEY)))
     node = validated.get(NODE_KEY)
     return (node if isinstance(node, NodeSpec) and not problems else None), problems
+
+
+def _known_hosts_problems(data: Mapping[Any, object], vm: BaseModel | None) -> list[str]:
+    """A VM made from an image needs the host's `ssh_known_hosts_file`: pvegpu writes the guest's host key
+    there and keeps the guest's key pair beside it (pvegpu/guest_keys.py)."""
+    if not isinstance(vm, VmSpec) or vm.image is None or data.get(KNOWN_HOSTS_KEY):
+        return []
+    return [
+        f"{VM_KEY}.image: needs the host's {KNOWN_HOSTS_KEY}: pvegpu records the guest's SSH host key there "
+        "(strict first contact) and keeps the guest's key pair beside it, in guest-keys/"
+    ]
 
 
 def _near_role_key_problems(data: Mapping[Any, object]) -> list[str]:
@@ -251,8 +265,41 @@ def spec_of(data: HostDataLike, key: str, model: type[SpecT]) -> SpecT:
 
 
 def _problem_line(key: str, model: type[BaseModel], detail: ErrorDetails) -> str:
-    path = ".".join(str(part) for part in (key, *detail["loc"]))
+    path = ".".join((key, *_data_path(model, detail["loc"])[0]))
     return f"{path}: {_message(model, detail)}"
+
+
+def _data_path(
+    model: type[BaseModel], loc: tuple[int | str, ...]
+) -> tuple[list[str], type[BaseModel] | None]:
+    """`loc` as the operator's data has it, and the model holding its last field (None: not a model).
+
+    pydantic puts a discriminated union's tag in the location (`image.url.checksum`); the data has no such
+    level, so it is left out (`image.checksum`)."""
+    parts: list[str] = []
+    annotation: Any = model
+    holder: type[BaseModel] | None = model
+    for part in loc:
+        tags = _union_tags(annotation)
+        if part in tags:
+            annotation = tags[str(part)]
+            continue
+        parts.append(str(part))
+        holder = _model_of(annotation)
+        field = None if holder is None else holder.model_fields.get(str(part))
+        annotation = None if field is None else field.annotation
+    return parts, holder
+
+
+def _union_tags(annotation: Any) -> dict[str, Any]:
+    """The members of a discriminated union (also inside `X | None`) by their tag; empty for other types."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        tag = next((meta.tag for meta in args[1:] if isinstance(meta, Tag)), None)
+        return {tag: args[0]} if tag is not None else _union_tags(args[0])
+    if origin in (Union, types.UnionType):
+        return {tag: member for arg in args for tag, member in _union_tags(arg).items()}
+    return {}
 
 
 def _message(model: type[BaseModel], detail: ErrorDetails) -> str:
@@ -280,12 +327,10 @@ def _message(model: type[BaseModel], detail: ErrorDetails) -> str:
 
 def _suggestion(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     """` (did you mean 'gpus'?)` when an unknown field is a near miss of a known one."""
-    for part in loc[:-1]:
-        nested = _model_of(model.model_fields[str(part)].annotation)
-        if nested is None:
-            return ""
-        model = nested
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    parts, holder = _data_path(model, loc)
+    if holder is None:
+        return ""
+    close = difflib.get_close_matches(parts[-1], list(holder.model_fields), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -316,6 +361,8 @@ def _table_rows(model: type[BaseModel], prefix: str) -> list[str]:
         default = "*required*" if info.default is PydanticUndefined else f"`{info.default}`"
         description = (info.description or "").replace("|", "\\|")
         rows.append(f"| `{path}` | {_type_name(info.annotation)} | {default} | {description} |")
+        for member in _union_tags(info.annotation).values():  # each form's fields, under the same path
+            rows.extend(_table_rows(member, path))
     return rows
 
 
@@ -333,7 +380,14 @@ def _type_name(annotation: Any) -> str:
         return f"list of {_type_name(args[0])}s"
     if origin is dict:
         return f"mapping of {_type_name(args[0])} to {_type_name(args[1])}"
+    return _plain_name(annotation)
+
+
+def _plain_name(annotation: Any) -> str:
+    """A scalar's name, or `mapping (`a`, `b`)` for a form of a tagged union (its fields get rows)."""
     names = {str: "string", int: "integer", bool: "boolean", float: "number"}
     if annotation in names:
         return names[annotation]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping (" + ", ".join(f"`{name}`" for name in annotation.model_fields) + ")"
     raise TypeError(f"no table type name for {annotation!r}")

@@ -200,3 +200,22 @@ class VmStatus:
     status: str
     qmpstatus: str | None
     name: str | None
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """A storage's `GET /storage/{id}`: its content types, its directory (dir-like storages) and digest."""
+
+    storage: str
+    content: tuple[str, ...]
+    path: str | None
+    digest: str
+
+
+@dataclass(frozen=True)
+class GuestInterface:
+    """An interface the QEMU guest agent reports: name, MAC and IPv4 addresses (`address/prefix`)."""
+
+    name: str
+    mac: str
+    ipv4: tuple[str, ...]

@@ -7,16 +7,33 @@ vmid `^[1-9][0-9]{2,8}$` (100-999999999), `machine` q35 or a pinned `pc-q35-X.Y[
 `hugepages` `2|1024|any` and only with `numa` (Proxmox: `numa needs to be enabled to use hugepages`).
 What pvegpu always sets and does not ask for: `bios: ovmf`, `efidisk0`, `cpu: host`, `balloon: 0`,
 `agent: 1`, and `hostpciN: mapping=<prefix>N,pcie=1` per GPU.
+
+With `image` the system disk is made from a cloud image (`import-from`) and cloud-init gives the guest
+`user`, `ssh_public_keys`, `ipconfig` and an SSH host key pvegpu generated (pvegpu/plan/cloud_init.py).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    Tag,
+    model_validator,
+)
 
 from pvegpu.models.fields import matching
+from pvegpu.models.ipconfig import check_ipconfig
+from pvegpu.models.openssh import check_public_key
 
 VM_KEY = "vm"
 
@@ -28,6 +45,16 @@ _DNS_NAME = re.compile(
 _STORAGE_ID = re.compile(r"[a-z][a-z0-9\-_.]*[a-z0-9]")
 _BRIDGE = re.compile(r"[a-zA-Z][a-zA-Z0-9_.-]{0,14}")
 _MAPPING_PREFIX = re.compile(r"[a-z][a-z0-9_-]*", re.IGNORECASE)
+# A disk image Proxmox's `import` content holds (pve-storage: SAFE_CHAR_CLASS_RE, UPLOAD_IMPORT_EXT_RE_1 less
+# `.ova`, which is an appliance, not a disk).
+_IMPORT_FILE = re.compile(r"[a-zA-Z0-9\-.+=_]+\.(qcow2|raw|vmdk)")
+_IMAGE_VOLUME = re.compile(rf"{_STORAGE_ID.pattern}:import/{_IMPORT_FILE.pattern}")
+_URL = re.compile(r"https?://[^\s/?#]+/[^\s?#]+(\?[^\s#]*)?")
+# Hex digits per digest: Proxmox's download-url `checksum-algorithm` values.
+_DIGEST_HEX = {"md5": 32, "sha1": 40, "sha224": 56, "sha256": 64, "sha384": 96, "sha512": 128}
+_HEX = re.compile(r"[0-9a-fA-F]+")
+# A login name cloud-init creates (Debian's NAME_REGEX, 32 characters at most as useradd allows).
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 
 class DiskSpec(BaseModel):
@@ -55,6 +82,106 @@ class NetSpec(BaseModel):
     bridge: Annotated[str, matching(_BRIDGE, "a Linux bridge name (e.g. vmbr0)")] = Field(
         default="vmbr0", description="Host bridge `net0` is attached to (e.g. `vmbr0`)."
     )
+
+
+class ImageVolume(BaseModel):
+    """A cloud image already on the node: `vm.image = {"volume": "local:import/<file>.qcow2"}`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    volume: Annotated[
+        str,
+        matching(_IMAGE_VOLUME, "a disk image volume like local:import/<file>.qcow2 (.qcow2, .raw or .vmdk)"),
+    ] = Field(
+        description=(
+            "Proxmox volume (content `import`) the system disk is imported from: `<storage>:import/<file>` "
+            "with .qcow2, .raw or .vmdk."
+        )
+    )
+
+
+class ImageUrl(BaseModel):
+    """A cloud image the node downloads (kept: a later run downloads nothing): `vm.image = {"url": ...}`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    url: Annotated[str, matching(_URL, "an http(s) URL of an image file")] = Field(
+        description="http(s) URL of the cloud image, downloaded by the node through the API (`download-url`)."
+    )
+    checksum: Annotated[str, matching(_HEX, "a hex digest"), AfterValidator(str.lower)] = Field(
+        description=(
+            "The image's published digest (hex, stored lowercase); a download that does not match stops "
+            "before the VM is created."
+        )
+    )
+    checksum_algorithm: Literal["md5", "sha1", "sha224", "sha256", "sha384", "sha512"] = Field(
+        default="sha512", description="Digest algorithm of `checksum` (Debian publishes SHA512SUMS)."
+    )
+    storage: Annotated[str, matching(_STORAGE_ID, "a Proxmox storage id (e.g. local)")] = Field(
+        default="local",
+        description="Storage the image is downloaded to (`<storage>:import/<file name>`, content `import`).",
+    )
+    file_name: (
+        Annotated[str, matching(_IMPORT_FILE, "a file name ending in .qcow2, .raw or .vmdk")] | None
+    ) = Field(
+        default=None,
+        description=(
+            "Name of the downloaded file; None: the URL's last path part. Proxmox's `import` content "
+            "takes only .qcow2, .raw and .vmdk: name Ubuntu's `.img` (a qcow2) `<name>.qcow2`."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _fits(self) -> ImageUrl:
+        digits = _DIGEST_HEX[self.checksum_algorithm]
+        if len(self.checksum) != digits:
+            raise ValueError(
+                f"checksum has {len(self.checksum)} hex digits; "
+                f"a {self.checksum_algorithm} digest has {digits}"
+            )
+        if self.file_name is None and not _IMPORT_FILE.fullmatch(url_file_name(self.url)):
+            raise ValueError(
+                f"the URL's file name {url_file_name(self.url)!r} does not end in .qcow2, .raw or .vmdk "
+                "(Proxmox's import content): set file_name (Ubuntu's .img cloud images are qcow2)"
+            )
+        return self
+
+    @property
+    def stored_name(self) -> str:
+        """The file name the image has in `<storage>:import/`."""
+        return self.file_name or url_file_name(self.url)
+
+
+def url_file_name(url: str) -> str:
+    """The last part of `url`'s path (`.../debian-12-genericcloud-amd64.qcow2` -> that name)."""
+    return PurePosixPath(urlsplit(url).path).name
+
+
+def _image_kind(value: Any) -> str | None:
+    """Which image form a mapping is: `url` when it has one, else `volume` when it has one."""
+    if isinstance(value, ImageUrl | ImageVolume):
+        return "url" if isinstance(value, ImageUrl) else "volume"
+    if isinstance(value, dict):
+        return "url" if "url" in value else "volume" if "volume" in value else None
+    return None
+
+
+Image = Annotated[
+    Annotated[ImageVolume, Tag("volume")] | Annotated[ImageUrl, Tag("url")],
+    Discriminator(
+        _image_kind,
+        custom_error_type="image_form",
+        custom_error_message=(
+            "must be a mapping with `volume` (an image on the node) or `url` and `checksum` (downloaded)"
+        ),
+    ),
+]
+
+
+def _check_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    if len(set(keys)) != len(keys):
+        raise ValueError("lists a key twice")
+    return keys
 
 
 class VmSpec(BaseModel):
@@ -104,6 +231,54 @@ class VmSpec(BaseModel):
         description=(
             "How the 64-bit MMIO window for the GPUs' BARs is set: `args` (OVMF X-PciMmio64Mb sized from "
             "the BARs; root@pam only) or `phys-bits` (`cpu: host,phys-bits=N`; works with API tokens)."
+        ),
+    )
+
+    image: Image | None = Field(
+        default=None,
+        description=(
+            "Cloud image the system disk is made from on create (`import-from`, then grown to "
+            "`disk.size_gib`): `{volume: <storage>:import/<file>}` or `{url, checksum, checksum_algorithm, "
+            "storage, file_name}`; None: an empty disk (install an OS yourself)."
+        ),
+    )
+    user: Annotated[str, matching(_USER, "a login name (a-z, 0-9, _ and -, at most 32)")] = Field(
+        default="root",
+        description=(
+            "Guest user cloud-init sets up (another than root gets passwordless sudo); the user pyinfra "
+            "logs in as (with `image`), with the login key pvegpu generated for this guest."
+        ),
+    )
+    ssh_public_keys: Annotated[
+        tuple[Annotated[str, AfterValidator(check_public_key)], ...], AfterValidator(_check_keys)
+    ] = Field(
+        default=(),
+        description=(
+            "More OpenSSH public keys for `user` in the guest (yours), besides the login key pvegpu "
+            "generates for pyinfra (README, Security)."
+        ),
+    )
+    ipconfig: Annotated[str, AfterValidator(check_ipconfig)] = Field(
+        default="ip=dhcp",
+        description=(
+            "Guest network (Proxmox `ipconfig0`): `ip=dhcp` or `ip=<IPv4>/<prefix>,gw=<IPv4>`, and/or "
+            "`ip6=dhcp|auto|<IPv6>/<prefix>,gw6=<IPv6>`. With DHCP pvegpu learns the address from the "
+            "guest agent."
+        ),
+    )
+    snippets_storage: Annotated[str, matching(_STORAGE_ID, "a Proxmox storage id (e.g. local)")] = Field(
+        default="local",
+        description=(
+            "Directory storage holding the cloud-init user-data snippet and pvegpu's hookscript (pvegpu "
+            "adds the `snippets` content type, keeping the others)."
+        ),
+    )
+    self_heal: Literal["repair", "check", "off"] = Field(
+        default="repair",
+        description=(
+            "What the node does at every VM start (pvegpu's pre-start hookscript, on `snippets_storage`): "
+            "`repair` renumber-only drift of the GPU mappings after a BIOS change and refuse real hardware "
+            "changes with the fix command; `check` refuse both, writing nothing; `off` no hook."
         ),
     )
 

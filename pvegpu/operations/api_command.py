@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from functools import wraps
-from typing import ParamSpec
+from typing import ParamSpec, TypeVar
 
 from pyinfra import logger
-from pyinfra.api.command import FunctionCommand
+from pyinfra.api.command import FunctionCommand, PyinfraCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
@@ -30,6 +30,7 @@ from pyinfra.context import ctx_host, ctx_state
 from pvegpu.pve import PveError
 
 _P = ParamSpec("_P")
+_C = TypeVar("_C", bound=PyinfraCommand)
 
 
 def api_command(function: Callable[..., None], *args: object) -> FunctionCommand:
@@ -51,12 +52,12 @@ def api_command(function: Callable[..., None], *args: object) -> FunctionCommand
 
 
 def one_line_errors(
-    body: Callable[_P, Generator[FunctionCommand, None, None]],
-) -> Callable[_P, Generator[FunctionCommand, None, None]]:
+    body: Callable[_P, Generator[_C, None, None]],
+) -> Callable[_P, Generator[_C | FunctionCommand, None, None]]:
     """`body`, its OperationError while pyinfra executes yielded as a failing `api_command` (see above)."""
 
     @wraps(body)
-    def run(*args: _P.args, **kwargs: _P.kwargs) -> Generator[FunctionCommand, None, None]:
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> Generator[_C | FunctionCommand, None, None]:
         try:
             yield from body(*args, **kwargs)
         except OperationError as error:

@@ -44,3 +44,20 @@ def write_file(
         "&&", "sync", QuoteString(posixpath.dirname(path)), ";", "}",
         "||", "{", "rm", "-f", temp, ";", "echo", QuoteString(failure), ">&2", ";", "exit", "1", ";", "}",
     )  # fmt: skip
+
+
+def install_staged(path: str, sha256: str, *, mode: str = "0644", owner: str = "root:root") -> StringCommand:
+    """Finish writing `path` atomically from content uploaded to `temp_path(path)` (binary content, too large
+    for one command line): mode, owner, sync, its sha256 checked against `sha256`, then renamed over `path`
+    (module docstring); on any failure the staged file is removed and `path` left as it was."""
+    temp = QuoteString(temp_path(path))
+    failure = f"pvegpu: could not write {path} (left unchanged)"
+    return StringCommand(
+        "{", "chmod", mode, temp,
+        "&&", "chown", owner, temp,
+        "&&", "sync", temp,
+        "&&", "printf", QuoteString("%s  %s\n"), sha256, temp, "|", "sha256sum", "--check", "--status",
+        "&&", "mv", "-f", temp, QuoteString(path),
+        "&&", "sync", QuoteString(posixpath.dirname(path)), ";", "}",
+        "||", "{", "rm", "-f", temp, ";", "echo", QuoteString(failure), ">&2", ";", "exit", "1", ";", "}",
+    )  # fmt: skip

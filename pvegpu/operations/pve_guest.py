@@ -28,7 +28,6 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.api.state import State
 from pyinfra.context import host
 
 from pvegpu.models.pve import GuestConfig
@@ -294,6 +293,7 @@ def guest_running(
     timeout_s: float,
     unbound: Sequence[str] = (),
     recheck: Callable[[Host], Sequence[str]] | None = None,
+    after_start: Callable[[], None] | None = None,
 ) -> Generator[FunctionCommand, None, None]:
     """Start guest `vmid` unless it runs; wait for the start task (its failure carries Proxmox's message,
     e.g. `PCI device mapping invalid (hardware probably changed): ...`) and until it reports running.
@@ -301,7 +301,8 @@ def guest_running(
     `unbound` lists the passed GPUs' functions not bound to vfio-pci on the node (a VM's): starting is
     refused while any is (deploy/host.py binds them). With `recheck` (host -> unbound functions, read again
     when the start executes), the refusal waits until then: an earlier operation of the same run (the host
-    role's reboot, deploy/site.py) may bind them.
+    role's reboot, deploy/site.py) may bind them. `after_start` runs once this run has started the guest
+    (e.g. waiting until a new VM's guest answers on SSH); its OperationError fails the host.
     """
     guest = Guest(kind, api, node, vmid)
     if guest.read_config() is not None and guest.read_status() == "running":
@@ -313,17 +314,15 @@ def guest_running(
     if unbound and recheck is not None:
         check = recheck
 
-        # pyinfra passes (state, host) to a FunctionCommand only when the parameters have exactly these names.
-        def start_when_bound(state: State, host: Host) -> None:
-            del state
-            still = check(host)
+        def start_when_bound() -> None:
+            still = check(host)  # api_command runs this with pyinfra's `host` set to the node
             if still:
                 raise OperationError(_refusal(guest, still))
-            _start(guest, timeout_s)
+            _start(guest, timeout_s, after_start)
 
-        yield FunctionCommand(start_when_bound, (), {})
+        yield api_command(start_when_bound)
         return
-    yield api_command(_start, guest, timeout_s)
+    yield api_command(_start, guest, timeout_s, after_start)
 
 
 def _refusal(guest: Guest, unbound: Sequence[str]) -> str:
@@ -333,7 +332,7 @@ def _refusal(guest: Guest, unbound: Sequence[str]) -> str:
     )
 
 
-def _start(guest: Guest, timeout_s: float) -> None:
+def _start(guest: Guest, timeout_s: float, after_start: Callable[[], None] | None = None) -> None:
     try:
         guest.api.wait_task(guest.kind.start(guest.api, guest.node, guest.vmid), timeout_s)
     except TaskFailedError as error:
@@ -341,6 +340,8 @@ def _start(guest: Guest, timeout_s: float) -> None:
     except PveError as error:
         raise OperationError(f"{guest.label} not started: {error.line}") from None
     _wait_status(guest, "running", timeout_s, "the start task ended OK, but it is not running")
+    if after_start is not None:
+        after_start()
 
 
 def _stop(guest: Guest, timeout_s: float) -> None:

@@ -39,10 +39,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
 from pvegpu.models.pve import MapEntry, MapEntryError, PciMapping, parse_map_entry
 from pvegpu.plan.mapping import DEFAULT_PREFIX, managed_index
-from pvegpu.plan.topology import GpuCard, Verdict, describe, display_ids, plan_topology
+from pvegpu.plan.topology import GpuCard, Selected, Verdict, describe, display_ids, plan_topology
 
 
 class Status(StrEnum):
@@ -211,7 +210,7 @@ def _parsed(text: str) -> MapEntry | None:
 
 def _live_cards(hw: HostHardware, vendors: set[str]) -> tuple[GpuCard, ...]:
     ids = tuple(pci_id for vendor in sorted(vendors) for pci_id in display_ids(hw, vendor))
-    return plan_topology(hw, GpuSelector(ids=ids)).gpus if ids else ()
+    return plan_topology(hw, Selected(ids=ids)).gpus if ids else ()
 
 
 def _by_position(node: str, lines: list[_Line], cards: tuple[GpuCard, ...]) -> dict[str, GpuHeal]:

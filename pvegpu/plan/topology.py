@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from pvegpu.models.hardware import (
     CLASS_3D,
@@ -28,7 +29,6 @@ from pvegpu.models.hardware import (
     Link,
     PciFunction,
 )
-from pvegpu.models.inventory import GpuSelector
 from pvegpu.plan.errors import PlanError
 
 DISPLAY_CLASSES = (CLASS_VGA, CLASS_3D, CLASS_DISPLAY_OTHER)
@@ -72,6 +72,26 @@ _CLASS_NAMES = {
 IOMMU_OFF = (
     "no IOMMU group: the IOMMU is off (enable AMD-Vi/VT-d in firmware and the IOMMU in the kernel cmdline)"
 )
+
+
+class Selection(Protocol):
+    """Which display functions are GPUs: `ids` (vendor:device, lowercase) and the `count` expected (None:
+    any). The inventory's `GpuSelector` is one; `Selected` is one without pydantic, so that this module and
+    the planners built on it stay stdlib-only (the node's pre-start hook runs them, pvegpu/hook)."""
+
+    @property
+    def ids(self) -> tuple[str, ...]: ...
+
+    @property
+    def count(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Selected:
+    """A `Selection` made from what was observed (a vendor's display ids), not declared."""
+
+    ids: tuple[str, ...]
+    count: int | None = None
 
 
 class Verdict(StrEnum):
@@ -119,7 +139,7 @@ class Topology:
         return not self.problems and all(gpu.verdict is Verdict.PASSABLE for gpu in self.gpus)
 
 
-def plan_topology(hw: HostHardware, selector: GpuSelector) -> Topology:
+def plan_topology(hw: HostHardware, selector: Selection) -> Topology:
     """Select, group-check and name the GPUs of `hw` that `selector` describes."""
     gpu_of_slot: dict[str, PciFunction] = {}
     for function in sorted(hw.functions, key=lambda f: _hex_fields(f.address)):
@@ -131,7 +151,7 @@ def plan_topology(hw: HostHardware, selector: GpuSelector) -> Topology:
     return Topology(gpus=cards, order_key=order_key, problems=_problems(selector, len(cards)))
 
 
-def require_gpus(topology: Topology, selector: GpuSelector) -> None:
+def require_gpus(topology: Topology, selector: Selection) -> None:
     """Raise PlanError naming the field when `selector` matched no display function (`node.gpus.ids`) or
     another number than it declares (`node.gpus.count`); `topology` is `plan_topology(hw, selector)`."""
     if not topology.gpus:
@@ -147,7 +167,7 @@ def plan_vendor_topology(hw: HostHardware, vendor: str, count: int | None = None
     """
     ids = display_ids(hw, vendor)
     if ids:
-        return plan_topology(hw, GpuSelector(ids=ids, count=count))
+        return plan_topology(hw, Selected(ids=ids, count=count))
     if count is not None:
         return Topology(
             gpus=(), order_key=ORDER_BY_BUS, problems=(f"expected {count} GPUs of vendor {vendor}, found 0",)
@@ -238,7 +258,7 @@ def _verdict(hw: HostHardware, members: list[PciFunction]) -> tuple[Verdict, str
     return Verdict.REFUSED, f"{'; '.join(clauses)}; pass {whole} or move the card"
 
 
-def _problems(selector: GpuSelector, found: int) -> tuple[str, ...]:
+def _problems(selector: Selection, found: int) -> tuple[str, ...]:
     ids = ", ".join(selector.ids)
     if selector.count is not None and found != selector.count:
         return (f"expected {selector.count} GPUs with id {ids}, found {found}",)

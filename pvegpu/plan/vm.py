@@ -5,7 +5,8 @@ the keys given only when the VM is created (disks are allocated then; the NIC ge
 
     name, machine (q35 or pinned), bios ovmf, ostype l26, cpu host, sockets 1, cores, memory, numa,
     hugepages (when set), balloon 0, agent 1, onboot, scsihw, hostpciN (mapping=<prefix>N,pcie=1),
-    args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args) or cpu host,phys-bits=N
+    args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args) or cpu host,phys-bits=N,
+    hookscript (pvegpu's pre-start hook, unless vm.self_heal is off; `off` deletes only pvegpu's)
 
 `diff_vm` compares with the config the API returns (ints and strings as Proxmox types them) and never
 touches a disk that exists: a missing disk is added, an existing one is left as it is, nothing is recreated.
@@ -20,11 +21,14 @@ from dataclasses import dataclass
 
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.vm import VmSpec
+from pvegpu.plan.cloud_init import image_volid, snippet_volid
+from pvegpu.plan.convert import CONVERSION_KEYS, needs_conversion
 from pvegpu.plan.hostpci import HOSTPCI_KEY, desired_hostpci, diff_hostpci
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.topology import Topology
 
 VFIO = "vfio-pci"
+HOOKSCRIPT = "pvegpu-hook"  # the file name of pvegpu's pre-start hookscript in the snippets directory
 NVIDIA = "10de"
 DISPLAY = 0x03
 _MMIO_ARG = re.compile(r"\s*-fw_cfg\s+name=opt/ovmf/X-PciMmio64Mb,string=\S+")
@@ -55,17 +59,46 @@ def vm_config(spec: VmSpec, mapping_ids: Sequence[str], window: MmioWindow | Non
         config["hugepages"] = spec.hugepages
     if window is not None and spec.mmio == "args":
         config["args"] = window.args
+    if spec.self_heal != "off":
+        config["hookscript"] = hookscript_volid(spec)
     return config
 
 
+def hookscript_volid(spec: VmSpec) -> str:
+    """pvegpu's pre-start hookscript as a volume: `<snippets_storage>:snippets/pvegpu-hook`."""
+    return f"{spec.snippets_storage}:snippets/{HOOKSCRIPT}"
+
+
+def is_pvegpu_hookscript(value: object) -> bool:
+    """Whether a VM's `hookscript` is pvegpu's (on any storage): `vm.self_heal: off` removes only that one."""
+    return isinstance(value, str) and value.endswith(f":snippets/{HOOKSCRIPT}")
+
+
 def create_keys(spec: VmSpec) -> dict[str, str]:
-    """Keys given only on create: the EFI vars disk (4m, no pre-enrolled keys), the system disk, the NIC."""
+    """Keys given only on create: the EFI vars disk (4m, no pre-enrolled keys), the system disk, the NIC.
+
+    Without `vm.image` the system disk is empty, `disk.size_gib` large. With it, the disk is imported from
+    the image (`<storage>:0,import-from=<volid>`: Proxmox's syntax, size 0; grown to `disk.size_gib`
+    afterwards), booted first (the cloud-init drive is a CD-ROM), and cloud-init gets its drive (`ide2`),
+    the network (`ipconfig0`), no package upgrade at first boot (`ciupgrade 0`: the image as published) and
+    pvegpu's user-data (`cicustom`, pvegpu/plan/cloud_init.py).
+    """
     storage = spec.disk.storage
-    return {
+    keys = {
         "efidisk0": f"{storage}:1,efitype=4m,pre-enrolled-keys=0",
         "scsi0": f"{storage}:{spec.disk.size_gib},iothread=1",
         "net0": f"{spec.net.model},bridge={spec.net.bridge}",
     }
+    if spec.image is not None:
+        keys |= {
+            "scsi0": f"{storage}:0,import-from={image_volid(spec)},iothread=1",
+            "boot": "order=scsi0",
+            "ide2": f"{storage}:cloudinit",
+            "ipconfig0": spec.ipconfig,
+            "ciupgrade": "0",
+            "cicustom": f"user={snippet_volid(spec)}",
+        }
+    return keys
 
 
 @dataclass(frozen=True)
@@ -87,14 +120,29 @@ def merge_args(current: str | None, mmio_args: str) -> str:
 
 
 def diff_vm(
-    desired: Mapping[str, str], create: Mapping[str, str], current: Mapping[str, object], prefix: str
+    desired: Mapping[str, str],
+    create: Mapping[str, str],
+    current: Mapping[str, object],
+    prefix: str,
+    *,
+    converting: bool = False,
 ) -> VmChange:
     """What to PUT so `current` has `desired` (from vm_config); raises HostPciError for a taken slot.
 
     - plain keys: compared as text (`16` == 16); `hugepages` is deleted when the spec has none;
     - `args`: only pvegpu's part is compared and replaced;
-    - `net0`: model and bridge compared, the MAC kept; `efidisk0`/`scsi0`: added when missing, else left.
+    - `net0`: model and bridge compared, the MAC kept; `efidisk0`/`scsi0`: added when missing, else left;
+    - a VM that is not Q35/OVMF yet (plan/convert.py): `machine`, `bios`, `efidisk0` and the `hostpciN`
+      keys (`pcie=1` needs Q35) are left out unless `converting` (the conversion, once its guest is checked).
     """
+    legacy = not converting and needs_conversion(current)
+    if legacy:
+        desired = {
+            key: value
+            for key, value in desired.items()
+            if key not in CONVERSION_KEYS and not HOSTPCI_KEY.fullmatch(key)
+        }
+        create = {key: value for key, value in create.items() if key not in CONVERSION_KEYS}
     hostpci = {key: value for key, value in desired.items() if HOSTPCI_KEY.fullmatch(key)}
     to_set: dict[str, str] = {}
     for key, value in desired.items():
@@ -105,8 +153,10 @@ def diff_vm(
         if now is None or str(now) != wanted:
             to_set[key] = wanted
     delete = ["hugepages"] if "hugepages" in current and "hugepages" not in desired else []
+    if "hookscript" not in desired and is_pvegpu_hookscript(current.get("hookscript")):
+        delete.append("hookscript")
     for key in ("efidisk0", "scsi0"):
-        if key not in current:
+        if key not in current and key in create:
             to_set[key] = create[key]
     net = _net(current.get("net0"))
     model, _, bridge = create["net0"].partition(",bridge=")
@@ -114,6 +164,8 @@ def diff_vm(
         to_set["net0"] = create["net0"]
     elif (net[0], net[2]) != (model, bridge):
         to_set["net0"] = f"{model}={net[1]},bridge={bridge}" if net[1] else create["net0"]
+    if legacy:
+        return VmChange(to_set, tuple(delete))
     change = diff_hostpci(hostpci, current, prefix)
     to_set.update(change.set)
     return VmChange(to_set, (*delete, *change.delete))

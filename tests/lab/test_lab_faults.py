@@ -1,17 +1,26 @@
-"""Faults on the Proxmox API of a lab node during deploy/vm.py, and the runs that follow.
+"""Faults on a lab node during deploy/vm.py, and the runs that follow.
 
-The node's pvesh stand-in is wrapped for one run (the wrapper is the fault; the stand-in itself stays
-faithful): an HTML page from `GET /cluster/mapping/pci` with exit 0, then a VM create whose worker dies
-mid-way (its writes hit RLIMIT_FSIZE: EFBIG, as a full disk or a kill), leaving the stub `lock: create`
-and a task that no longer runs. Asserted: the garbage fails the host in one line naming the endpoint,
-nothing written, no traceback; the killed
-create is reported with its task and `qm unlock 100`, never taken over; after the operator's unlock and
-removal of the empty stub (what `qm destroy 100` does to a VM without volumes), ONE run converges to a
-clean run's state and the next changes nothing.
+The node's pvesh stand-in (and, for one test, its `sync`) is wrapped (the wrapper is the fault; the stand-in
+itself stays faithful).
+
+- An HTML page from `GET /cluster/mapping/pci` with exit 0, then a VM create (from the cloud image) whose
+  worker dies mid-way (its writes hit RLIMIT_FSIZE: EFBIG, as a full disk or a kill), leaving the stub
+  `lock: create` and a task that no longer runs. Asserted: the garbage fails the host in one line naming the
+  endpoint, nothing written (no mapping, no image, no VM), no traceback; the killed create is reported with
+  its task and `qm unlock 100`, never taken over, nor taken for an installed VM to convert; after the
+  operator's unlock and removal of the empty stub (what `qm destroy 100` does to a VM without volumes), ONE
+  run converges, the guest joins the next run's inventory and that run changes nothing.
+- The image download's worker killed (SIGKILL) after the bytes landed in its temporary file, before the
+  rename, then the shell writing the cloud-init user-data snippet killed after staging it, before the
+  rename: each run after a cut finishes what the cut left (the download, then the snippet), nothing
+  half-written is taken for done (the image's checksum, the snippet's mode), the VM is made and its guest
+  reached with pvegpu's login key, and the next run (with the guest, which joins the inventory then) changes
+  nothing, downloads nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -19,14 +28,28 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lab import boot, hosts
+from lab import boot, hosts, images
 from lab.pve import node as pve_node
+from pvegpu.guest_keys import login_key_files
 from tests.lab.test_lab_vm import START, SYNC, VM, guest_gpus, mappings, prepare_host, run
 
 pytestmark = pytest.mark.lab
 
 Ssh = Callable[[hosts.LabHost, str], str]
 Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+ROLE = "Create and start the Q35 VM | "
+STORAGE = ROLE + "Storage local offers import, snippets"
+IMAGE = ROLE + "The VM's cloud image is on the node"
+SNIPPET = ROLE + "The guest's cloud-init user-data is on the node"
+HOOK = ROLE + "The node's pre-start hookscript is installed"
+CONVERT = ROLE + "Convert an existing i440FX/SeaBIOS VM to Q35/OVMF"
+DISK = ROLE + "The VM's system disk has its size"
+KNOWN = ROLE + "The guest's address and host key are known"
+# Once the VM exists the image is not looked at again (it is read once, on create).
+SETTLED = dict.fromkeys((SYNC, STORAGE, SNIPPET, HOOK, CONVERT, VM, DISK, START, KNOWN), "no_change")
+CLOUD_IMAGE = "debian-12-genericcloud-amd64.qcow2"
+SNIPPET_PATH = "var/lib/vz/snippets/pvegpu-100-user.yaml"
 
 WRAPPER = """#!/bin/sh
 # LAB FAULT WRAPPER around the pvesh stand-in (tests/lab/test_lab_faults.py): not Proxmox, not a stand-in.
@@ -42,8 +65,28 @@ case "$1 $2" in
 resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
 os.execv("/usr/bin/pvesh.real", ["/usr/bin/pvesh.real", *sys.argv[1:]])' "$@"
     fi ;;
+"create /nodes/NODE/storage/local/download-url")
+    if [ -e /run/pvegpu-fault-cut-download ]; then
+        exec python3 -c 'import os, pathlib, runpy, signal, sys
+rename = pathlib.Path.rename
+def cut(self, target):
+    if ".tmp_dwnl." in self.name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(self, target)
+pathlib.Path.rename = cut
+sys.argv = ["/usr/bin/pvesh", *sys.argv[1:]]
+runpy.run_path("/usr/bin/pvesh.real", run_name="__main__")' "$@"
+    fi ;;
 esac
 exec /usr/bin/pvesh.real "$@"
+"""
+# Kills the shell that runs pvegpu's atomic write of the user-data snippet once it is staged (`sync TEMP`).
+SYNC_WRAPPER = """#!/bin/sh
+# LAB FAULT WRAPPER around sync (tests/lab/test_lab_faults.py).
+case "$*" in
+*/.pvegpu-100-user.yaml.pvegpu-new) [ -e /run/pvegpu-fault-cut-snippet ] && kill -9 "$PPID" && exit 137 ;;
+esac
+exec /usr/bin/sync.real "$@"
 """
 
 
@@ -54,6 +97,17 @@ def pve_name() -> Iterator[str]:
     hosts.down(name)
 
 
+def faulty_node(cli: Cli, monkeypatch: pytest.MonkeyPatch, lab_ssh: Ssh, name: str) -> hosts.LabHost:
+    """A reference node, host prepared (GPUs on vfio-pci), its pvesh wrapped by WRAPPER (no fault armed)."""
+    node = pve_node.up(name, "reference")
+    boot.install(node, "grub")
+    prepare_host(cli, monkeypatch, node)
+    wrapper = WRAPPER.replace("NODE", name)
+    lab_ssh(node, f"mv /usr/bin/pvesh /usr/bin/pvesh.real && cat > /usr/bin/pvesh <<'EOF'\n{wrapper}EOF\n")
+    lab_ssh(node, "chmod 755 /usr/bin/pvesh")
+    return node
+
+
 def failing(cli: Cli, node: hosts.LabHost) -> str:
     """stderr of a deploy/vm.py run on `node` that must fail."""
     result = cli("-y", "--limit", node.name, "inventory/lab.py", "deploy/vm.py", check=False)
@@ -61,15 +115,35 @@ def failing(cli: Cli, node: hosts.LabHost) -> str:
     return result.stderr
 
 
+def imports(node: hosts.LabHost) -> list[str]:
+    """The files in the node's `local` import directory."""
+    directory = node.root / "var/lib/vz/import"
+    return sorted(path.name for path in directory.iterdir()) if directory.is_dir() else []
+
+
+def the_image_is_whole(node: hosts.LabHost) -> None:
+    """The node's copy of the cloud image has the checksum the inventory gives."""
+    data = (node.root / "var/lib/vz/import" / CLOUD_IMAGE).read_bytes()
+    assert hashlib.sha512(data).hexdigest() == images.image_checksum(CLOUD_IMAGE)
+
+
+def guest_reached(node: hosts.LabHost) -> str:
+    """The hostname the VM's guest answers over SSH with pvegpu's login key and strict host key checking."""
+    guest = hosts.get_host(f"{node.name}v100")
+    login, _ = login_key_files(hosts.known_hosts_path(), guest.name)
+    argv = [
+        "ssh", "-i", str(login), "-o", f"UserKnownHostsFile={hosts.known_hosts_path()}",
+        "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        "-F", "/dev/null", f"root@{guest.address}", "hostname",
+    ]  # fmt: skip
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
 def test_drift_garbage_and_a_killed_create_then_one_run_converges(
     pve_name: str, pyinfra_cli: Cli, lab_ssh: Ssh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = pve_node.up(pve_name, "reference")
-    boot.install(node, "grub")
-    prepare_host(pyinfra_cli, monkeypatch, node)
-    wrapper = WRAPPER.replace("NODE", pve_name)
-    lab_ssh(node, f"mv /usr/bin/pvesh /usr/bin/pvesh.real && cat > /usr/bin/pvesh <<'EOF'\n{wrapper}EOF\n")
-    lab_ssh(node, "chmod 755 /usr/bin/pvesh && touch /run/pvegpu-fault-html")
+    node = faulty_node(pyinfra_cli, monkeypatch, lab_ssh, pve_name)
+    lab_ssh(node, "touch /run/pvegpu-fault-html")
 
     garbage = failing(pyinfra_cli, node)
 
@@ -80,6 +154,7 @@ def test_drift_garbage_and_a_killed_create_then_one_run_converges(
     assert "Traceback" not in garbage, garbage
     lab_ssh(node, "rm /run/pvegpu-fault-html && touch /run/pvegpu-fault-kill")
     assert mappings(node) == {}
+    assert imports(node) == []
     assert not (node.root / "etc/pve/qemu-server/100.conf").exists()
 
     killed = failing(pyinfra_cli, node)
@@ -96,6 +171,7 @@ def test_drift_garbage_and_a_killed_create_then_one_run_converges(
         report[1],
     ), report[1]
     assert len(mappings(node)) == 8  # the sync before the create was whole
+    the_image_is_whole(node)  # so was the download
 
     lab_ssh(node, "rm /run/pvegpu-fault-kill && mv /usr/bin/pvesh.real /usr/bin/pvesh")
     again = failing(pyinfra_cli, node)  # nothing changed: reported again, not taken over
@@ -109,11 +185,89 @@ def test_drift_garbage_and_a_killed_create_then_one_run_converges(
         f"[{pve_name}] VM 100 on {pve_name} was never completely created: its config is empty: pvegpu "
         "does not take it over; remove it (`qm destroy 100`) or finish it by hand, then run again\n" in empty
     )
+    # Not taken for an installed i440FX/SeaBIOS VM either (an empty config has no `machine`, no `bios`).
+    assert "is not converted to Q35/OVMF" not in empty, empty
+    assert config.read_text() == ""
     lab_ssh(node, "rm /etc/pve/qemu-server/100.conf")
 
-    converged, _ = run(pyinfra_cli, "deploy/vm.py", node)
+    converged, log = run(pyinfra_cli, "deploy/vm.py", node)
 
-    assert converged == {SYNC: "no_change", VM: "success", START: "success"}
+    # The image is still there from the killed run: not downloaded again.
+    assert converged == {
+        **SETTLED,
+        IMAGE: "no_change",
+        VM: "success",
+        DISK: "success",
+        START: "success",
+        KNOWN: "success",
+    }
+    assert f"info: guest {pve_name}v100 of {pve_name} is not in this run's inventory" in log
     assert len(guest_gpus(node)) == 8
-    settled, _ = run(pyinfra_cli, "deploy/vm.py", node, hosts.get_host(f"{pve_name}v100"))
-    assert settled == {SYNC: "no_change", VM: "no_change", START: "no_change"}
+    assert guest_reached(node) == f"{pve_name}v100"
+    settled, log = run(pyinfra_cli, "deploy/vm.py", node, hosts.get_host(f"{pve_name}v100"))
+    assert settled == SETTLED
+    assert "is not in this run's inventory" not in log
+
+
+def test_cut_download_then_cut_snippet_write_each_finished_by_the_next_run(
+    pve_name: str, pyinfra_cli: Cli, lab_ssh: Ssh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = faulty_node(pyinfra_cli, monkeypatch, lab_ssh, pve_name)
+    lab_ssh(
+        node, "mv /usr/bin/sync /usr/bin/sync.real && cat > /usr/bin/sync <<'EOF'\n" + SYNC_WRAPPER + "EOF\n"
+    )
+    lab_ssh(node, "chmod 755 /usr/bin/sync && touch /run/pvegpu-fault-cut-download")
+    url = images.image_url(node, CLOUD_IMAGE)
+
+    cut_download = failing(pyinfra_cli, node)
+
+    assert (
+        f"[{pve_name}] vm.image.url {url}: not downloaded: "
+        f"POST /nodes/{pve_name}/storage/local/download-url: pvesh failed without a message\n"
+    ) in cut_download, cut_download
+    assert "Traceback" not in cut_download, cut_download
+    # The killed task left its temporary file (as wget's would be), which is no volume: no image, no VM.
+    [partial] = imports(node)
+    assert re.fullmatch(rf"{re.escape(CLOUD_IMAGE)}\.tmp_dwnl\.\d+", partial), partial
+    assert not (node.root / SNIPPET_PATH).exists()
+    assert not (node.root / "etc/pve/qemu-server/100.conf").exists()
+    lab_ssh(node, "rm /run/pvegpu-fault-cut-download && touch /run/pvegpu-fault-cut-snippet")
+
+    cut_snippet = failing(pyinfra_cli, node)
+
+    assert (
+        f"{SNIPPET} \n    [{pve_name}] Error: executed 1 commands\n" in cut_snippet  # mkdir, then the write
+    ), cut_snippet
+    assert "PRIVATE KEY" not in cut_snippet  # the staged user-data holds the guest's host key: never printed
+    # The download was finished; the snippet was staged (root-only: it holds the guest's host key), never
+    # renamed into place.
+    assert sorted(imports(node)) == sorted([partial, CLOUD_IMAGE])
+    the_image_is_whole(node)
+    assert not (node.root / SNIPPET_PATH).exists()
+    staged = node.root / "var/lib/vz/snippets/.pvegpu-100-user.yaml.pvegpu-new"
+    assert oct(staged.stat().st_mode & 0o777) == "0o600"
+    assert not (node.root / "etc/pve/qemu-server/100.conf").exists()
+    lab_ssh(node, "rm /run/pvegpu-fault-cut-snippet")
+
+    converged, log = run(pyinfra_cli, "deploy/vm.py", node)
+
+    assert converged == {
+        **SETTLED,
+        IMAGE: "no_change",
+        SNIPPET: "success",
+        HOOK: "success",
+        VM: "success",
+        DISK: "success",
+        START: "success",
+        KNOWN: "success",
+    }
+    assert f"info: guest {pve_name}v100 of {pve_name} is not in this run's inventory" in log
+    assert not staged.exists()
+    assert oct((node.root / SNIPPET_PATH).stat().st_mode & 0o777) == "0o600"
+    assert (node.root / SNIPPET_PATH).read_text().startswith("#cloud-config\n")
+    assert len(guest_gpus(node)) == 8
+    assert guest_reached(node) == f"{pve_name}v100"
+    settled, log = run(pyinfra_cli, "deploy/vm.py", node, hosts.get_host(f"{pve_name}v100"))
+    assert settled == SETTLED
+    assert "is not in this run's inventory" not in log
+    assert sorted(imports(node)) == sorted([partial, CLOUD_IMAGE])  # nothing downloaded again

@@ -18,6 +18,7 @@ more), and the next run changes nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -28,13 +29,25 @@ from typing import Any
 import pytest
 
 from lab import boot, guest_payload, hosts
+from lab.images import CATALOGUE, image_bytes
 from lab.pve import node as pve_node
 from pvegpu.facts.nvidia import parse_version_file
+from pvegpu.hook.bundle import BUNDLE_PATH
+from tests.lab.test_lab_faults import guest_reached
 
 pytestmark = pytest.mark.lab
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 INVENTORY = "tests/lab/inventories/host_role.py"
+# What the VM's cloud image needs on the node: the storage's content types, the user-data, the hookscript.
+CLOUD_FILES = (
+    "/etc/pve/storage.cfg",
+    "/var/lib/vz/snippets/pvegpu-100-user.yaml",
+    "/var/lib/vz/snippets/pvegpu-hook",
+)
+IMAGE_FILE = "debian-12-genericcloud-amd64.qcow2"
+# The cloud image and the hookscript's zipapp are binary: state() holds their sha256.
+BINARY = (f"/var/lib/vz/import/{IMAGE_FILE}", BUNDLE_PATH)
 # Everything pvegpu writes on the node or through the API, plus what the bootloader made of it.
 MANAGED = (
     "/etc/default/grub.d/pvegpu.cfg",
@@ -48,6 +61,7 @@ MANAGED = (
     "/etc/systemd/system/pvegpu-nvidia-devices.service",
     "/etc/systemd/system/sglang.service",
     "/etc/pvegpu/sglang.env",
+    *CLOUD_FILES,
 )
 # Not pvegpu's: a VM and a container of the operator's own, which no switch may touch.
 FOREIGN = ("/etc/pve/qemu-server/150.conf", "/etc/pve/lxc/300.conf")
@@ -77,8 +91,16 @@ VFIO = HOST + "Bind GPU functions to vfio-pci at boot"
 NO_VFIO = HOST + "Remove the vfio binding and nvidia blacklist of the vm profile"
 REBOOT = HOST + "Reboot if the running kernel lacks the boot state, and verify"
 SYNC = "Sync the PCI mappings | Sync the PCI mappings with the live IOMMU groups"
-VM = "Create and start the Q35 VM | Create or converge the Q35 VM"
-START = "Create and start the Q35 VM | Start the VM and wait until it runs"
+ROLE = "Create and start the Q35 VM | "
+STORAGE = ROLE + "Storage local offers import, snippets"
+IMAGE = ROLE + "The VM's cloud image is on the node"
+SNIPPET = ROLE + "The guest's cloud-init user-data is on the node"
+HOOK = ROLE + "The node's pre-start hookscript is installed"
+CONVERT = ROLE + "Convert an existing i440FX/SeaBIOS VM to Q35/OVMF"
+VM = ROLE + "Create or converge the Q35 VM"
+DISK = ROLE + "The VM's system disk has its size"
+START = ROLE + "Start the VM and wait until it runs"
+KNOWN = ROLE + "The guest's address and host key are known"
 PARK = "Stop the Q35 VM for a host-driver profile | Stop the VM and keep it from starting at boot"
 DRIVER_PARK = (
     "Park what the host-driver profiles left on the host | "
@@ -96,13 +118,39 @@ NV_USERSPACE = NV + f"Install the open NVIDIA userspace (no kernel module) {DRIV
 NV_DEVICES = NV + "Check the NVIDIA device nodes containers bind"
 NV_VERIFY = NV + "Verify the GPUs, module flavour and version"
 CONTAINER = {"lxc": {"vmid": 200, "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"}}
+# A fresh `vm` deploy: the VM made from the downloaded cloud image, started, its guest answering with the
+# host key pvegpu gave it.
 VM_OPS = {
     CMDLINE: "success",
     VFIO: "success",
     REBOOT: "success",
     SYNC: "success",
+    STORAGE: "success",
+    IMAGE: "success",
+    SNIPPET: "success",
+    HOOK: "success",
+    CONVERT: "no_change",
     VM: "success",
+    DISK: "success",
     START: "success",
+    KNOWN: "success",
+}
+# Back on `vm`: the VM exists (its image is not looked at again), onboot 1 again and started; the mappings,
+# the storage, the snippet, the hookscript, the disk and the guest's host key are as the fresh deploy left
+# them.
+VM_BACK = {
+    CMDLINE: "success",
+    VFIO: "success",
+    REBOOT: "success",
+    SYNC: "no_change",
+    STORAGE: "no_change",
+    SNIPPET: "no_change",
+    HOOK: "no_change",
+    CONVERT: "no_change",
+    VM: "success",
+    DISK: "no_change",
+    START: "success",
+    KNOWN: "no_change",
 }
 
 
@@ -157,11 +205,15 @@ def pvesh(node: hosts.LabHost, command: str) -> Any:
 
 def state(node: hosts.LabHost) -> dict[str, Any]:
     """The node's managed files, running command line, GPU drivers, loaded module, NVIDIA device nodes,
-    driver units, the VM's status, and the operator's own VM and container (files and status)."""
+    driver units, the VM's status and whether its guest is up and answers, and the operator's own VM and
+    container (files and status)."""
     files = {}
     for path in (*MANAGED, *FOREIGN):
         file = node.root / path.lstrip("/")
         files[path] = file.read_text() if file.is_file() else None
+    for path in BINARY:
+        file = node.root / path.lstrip("/")
+        files[path] = hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
     module = node.root / guest_payload.VERSION_FILE.lstrip("/")
     units = ssh(node, f"systemctl is-active {' '.join(UNITS)} || true").split()
     return {
@@ -177,7 +229,15 @@ def state(node: hosts.LabHost) -> dict[str, Any]:
             for kind, vmid in (("qemu", 150), ("lxc", 300))
         ],
         "guest up": any(host.name == f"{node.name}v100" for host in hosts.list_hosts()),
+        "guest answers": guest_answer(node),
     }
+
+
+def guest_answer(node: hosts.LabHost) -> str | None:
+    """The hostname the VM's guest answers with pvegpu's login key (the lab's own key does not log in to a
+    cloud-init guest), None when no guest host is up."""
+    up = any(host.name == f"{node.name}v100" for host in hosts.list_hosts())
+    return guest_reached(node) if up else None
 
 
 def lines(path: Path) -> list[str]:
@@ -205,11 +265,15 @@ def lab_node(name: str) -> hosts.LabHost:
 
 def fresh_vm(cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost) -> dict[str, Any]:
     """A fresh `vm` deploy and its second run; the state it leaves."""
-    fresh, _, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
+    fresh, log, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
     assert {op: fresh[op] for op in VM_OPS} == VM_OPS
     assert (fresh[CT_PARK], fresh[DRIVER_PARK]) == ("no_change", "no_change")
+    assert f"info: guest {node.name}v100 of {node.name} is not in this run's inventory" in log
     fresh_state = state(node)
     assert fresh_state["vm"] == "running"
+    assert (fresh_state["guest up"], fresh_state["guest answers"]) == (True, f"{node.name}v100")
+    assert fresh_state["files"][BINARY[0]] == hashlib.sha256(image_bytes(CATALOGUE[IMAGE_FILE])).hexdigest()
+    assert None not in [fresh_state["files"][path] for path in (*CLOUD_FILES, *BINARY)]
     assert set(fresh_state["drivers"].values()) == {"vfio-pci"}
     assert (fresh_state["module"], fresh_state["device nodes"]) == (None, [])
     assert fresh_state["foreign"] == ["stopped", "stopped"]
@@ -230,8 +294,10 @@ def host_driver_installed(outcome: dict[str, str]) -> None:
 
 
 def host_driver_state(node: hosts.LabHost, uvm: str) -> dict[str, Any]:
-    """The node on its own driver: GPUs on nvidia, audio on snd_hda_intel, module loaded, every node."""
+    """The node on its own driver: GPUs on nvidia, audio on snd_hda_intel, module loaded, every node; the
+    VM parked, its guest gone."""
     now = state(node)
+    assert (now["vm"], now["guest up"], now["guest answers"]) == ("stopped", False, None)
     assert now["drivers"] == {a: ("nvidia" if a.endswith(".0") else "snd_hda_intel") for a in now["drivers"]}
     assert now["module"] == DRIVER
     assert sorted(now["device nodes"]) == sorted(
@@ -301,7 +367,6 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     host_driver_installed(baremetal)
     assert baremetal["Serve the model with SGLang | Wait for /health and /v1/models"] == "success"
     bare = host_driver_state(node, uvm_major(node))
-    assert (bare["vm"], bare["guest up"]) == ("stopped", False)
     assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/config")["onboot"] == 0
     assert bare["units"] == dict.fromkeys(UNITS, "active")
     assert (
@@ -337,8 +402,9 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
 
     assert (back[DRIVER_PARK], back[CT_PARK]) == ("success", "success")
-    assert {op: back[op] for op in VM_OPS} == {**VM_OPS, SYNC: "no_change"}
-    assert state(node) == fresh_state
+    # The VM exists: its image is not looked at again.
+    assert {op: back.get(op) for op in (*VM_BACK, IMAGE)} == {**VM_BACK, IMAGE: None}
+    assert state(node) == fresh_state  # the guest is back, answering with the same keys
     # The driver stays installed, blacklisted by the vfio drop-in, and is not loaded.
     assert ssh(node, "dpkg-query -W -f '${Status} ${Version}' nvidia-open") == (
         f"install ok installed {DRIVER}-1"
@@ -448,8 +514,9 @@ def test_switch_vm_lxc_vm_container_serves_on_the_host_driver_then_fresh_vm_stat
     back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
 
     assert (back[CT_PARK], back[DRIVER_PARK]) == ("success", "success")
-    assert {op: back[op] for op in VM_OPS} == {**VM_OPS, SYNC: "no_change"}
-    assert state(node) == fresh_state
+    # The VM exists: its image is not looked at again.
+    assert {op: back.get(op) for op in (*VM_BACK, IMAGE)} == {**VM_BACK, IMAGE: None}
+    assert state(node) == fresh_state  # the guest is back, answering with the same keys
     # The container is kept (its disk is data), stopped and not started at boot.
     assert pvesh(node, f"get /nodes/{pve_name}/lxc/200/status/current")["status"] == "stopped"
     assert pvesh(node, f"get /nodes/{pve_name}/lxc/200/config")["onboot"] == 0

@@ -1,5 +1,7 @@
-"""A Proxmox lab node: the pvesh stand-in over real SSH, VM start bringing up the Q35 guest lab host, a BIOS
-change failing the start with Proxmox's message, and `lab down` removing node, hypervisor and guest."""
+"""A Proxmox lab node: the pvesh stand-in over real SSH, VM start bringing up the Q35 guest lab host of a VM
+made as pvegpu makes it (system disk imported from the stand-in cloud image, pvegpu's user-data with its login
+and host keys), a BIOS change failing the start with Proxmox's message, and `lab down` removing node,
+hypervisor and guest (and the guest keys pvegpu made for it)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,8 +18,12 @@ from typing import Any
 
 import pytest
 
-from lab import guest_payload, hosts
+from lab import guest_payload, hosts, images
 from lab.pve import node as pve_node
+from pvegpu.guest_keys import ensure_key_pair, host_key_files, login_key_files, record_known_host
+from pvegpu.models.vm import ImageVolume, VmSpec
+from pvegpu.plan.cloud_init import snippet_name, static_address, user_data
+from pvegpu.plan.vm import create_keys
 
 pytestmark = pytest.mark.lab
 
@@ -47,17 +54,56 @@ def _pvesh(node: hosts.LabHost, args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)
 
 
-def _create_vm_with_8_gpus(node: hosts.LabHost, lab_ssh: Ssh) -> None:
+IMAGE = "debian-12-genericcloud-amd64.qcow2"
+
+
+def _spec(node: hosts.LabHost) -> VmSpec:
+    """VM 100 as inventory/lab.py declares it, its image already downloaded to `local` (done below)."""
+    net = node.index + 100
+    return VmSpec(
+        vmid=100,
+        name=f"{node.name}v100",
+        image=ImageVolume(volume=f"local:import/{IMAGE}"),
+        ipconfig=f"ip=10.200.{net}.2/24,gw=10.200.{net}.1",
+    )
+
+
+def _create_vm_with_8_gpus(node: hosts.LabHost, lab_ssh: Ssh) -> str:
+    """Through pvesh, what deploy/vm.py does: the node downloads the cloud image; pvegpu's keys for the guest
+    (host key recorded in the lab's known_hosts before first contact), its user-data snippet; 8 GPU mappings;
+    VM 100 (q35, OVMF) with the GPUs and the create keys of pvegpu/plan/vm.py. Returns the guest's address."""
     manifest = node.manifest()
+    spec = _spec(node)
+    lab_ssh(node, "pvesh set /storage/local --content iso,vztmpl,backup,import,snippets")
+    url, checksum = images.image_url(node, IMAGE), images.image_checksum(IMAGE)
+    lab_ssh(
+        node,
+        f"pvesh create /nodes/{node.name}/storage/local/download-url --content import --filename {IMAGE} "
+        f"--url {url} --checksum {checksum} --checksum-algorithm sha512",
+    )
+    known_hosts = hosts.known_hosts_path()
+    host_private, host_public = ensure_key_pair(host_key_files(known_hosts, spec.name)[0])
+    _, login_public = ensure_key_pair(login_key_files(known_hosts, spec.name)[0])
+    address = static_address(spec.ipconfig)
+    assert address is not None
+    record_known_host(known_hosts, address, host_public)
+    snippet = node.root / "var/lib/vz/snippets" / snippet_name(spec.vmid)
+    snippet.parent.mkdir(parents=True, exist_ok=True)
+    snippet.write_text(user_data(spec, host_private, host_public, login_public))
+    snippet.chmod(0o600)
     for index in range(8):
         lab_ssh(
             node,
             f"pvesh create /cluster/mapping/pci --id gpu{index} --map {map_line(manifest, index, node.name)}",
         )
     hostpci = " ".join(f"--hostpci{i} mapping=gpu{i},pcie=1" for i in range(8))
+    disks = " ".join(f"--{key} {shlex.quote(value)}" for key, value in create_keys(spec).items())
     lab_ssh(
-        node, f"pvesh create /nodes/{node.name}/qemu --vmid 100 --machine q35 {hostpci} --output-format json"
+        node,
+        f"pvesh create /nodes/{node.name}/qemu --vmid 100 --name {spec.name} --machine q35 --bios ovmf "
+        f"{disks} {hostpci} --output-format json",
     )
+    return address
 
 
 def _status(node: hosts.LabHost, lab_ssh: Ssh) -> str:
@@ -73,7 +119,7 @@ def test_vm_start_brings_up_the_q35_guest_then_a_bios_change_keeps_it_down(
     repoid = hashlib.sha1(b"9.0.3").hexdigest()[:8]  # the stand-in's repoid: a hash of its version
     version = lab_ssh(node, "pvesh get /version --output-format json")
     assert version == f'{{"release":"9.0","repoid":"{repoid}","version":"9.0.3"}}\n'
-    _create_vm_with_8_gpus(node, lab_ssh)
+    address = _create_vm_with_8_gpus(node, lab_ssh)
 
     start = _pvesh(node, f"create /nodes/{node.name}/qemu/100/status/start --output-format json")
 
@@ -83,12 +129,22 @@ def test_vm_start_brings_up_the_q35_guest_then_a_bios_change_keeps_it_down(
     assert _status(node, lab_ssh) == "running"
     guest = hosts.get_host(f"{node.name}v100")
     assert (pve_node.role_of(node), pve_node.role_of(guest)) == ("pve", "guest")
-    assert pve_node.guest_vm(guest) == {"node": node.name, "vmid": 100}
+    assert pve_node.guest_vm(guest) == {
+        "node": node.name,
+        "vmid": 100,
+        "os": "debian-12",
+        "esp": True,
+        "cloud_init": True,
+        "agent": True,
+    }
     assert (guest.mode, guest.sysfs_root, hosts.dependents(node.name)) == (
         "nspawn",
         "/opt/fakesys",
         [guest.name],
     )
+    # Reached as pyinfra reaches it: pvegpu's login key, the host key pvegpu recorded (lab_ssh -> ssh_argv).
+    assert (guest.address, guest.host_key_recorded) == (address, False)
+    assert lab_ssh(guest, "hostname") == f"{guest.name}\n"
     listing = lab_ssh(
         guest, "cd /opt/fakesys/bus/pci/devices && for d in *; do echo $d $(cat $d/vendor $d/device); done"
     )
@@ -122,7 +178,8 @@ def test_vm_start_brings_up_the_q35_guest_then_a_bios_change_keeps_it_down(
 
     assert (stop.returncode, stop.stderr) == (0, "")
     assert _status(node, lab_ssh) == "stopped"
-    assert lab_leftovers(guest) == []
+    # The guest's host key line is pvegpu's, kept while the VM exists; the lab left nothing of its own.
+    assert lab_leftovers(guest) == [f"known_hosts entry for {address}"]
     assert hosts.dependents(node.name) == []
 
     renumbered = hosts.retopo(node.name, "reference-renumbered").manifest()

@@ -60,13 +60,18 @@ def test_readme_lists_every_user_command_with_its_state(command: str) -> None:
     assert state.startswith("works") if exists else state == "not yet", row
 
 
-def test_example_inventory_validates() -> None:
+def test_example_inventory_validates(capsys: pytest.CaptureFixture[str]) -> None:
+    """The node validates; its VM's guest joins `vm_guests` once pvegpu has made its keys (not in a fresh
+    clone: the info line says so)."""
     namespace = runpy.run_path(str(REPO / "inventory.py"))
     specs = validate_inventory([*namespace["pve_nodes"], *namespace["vm_guests"]])
     assert [(host, spec.name, spec.profile, spec.gpus.ids, spec.gpus.count) for host, spec in specs] == [
         ("pve1.example.net", "pve1", "vm", ("10de:2bb1",), 8),
-        ("llm.example.net", "llm", "vm", ("10de:2bb1",), 8),
     ]
+    assert capsys.readouterr().err == (
+        f"info: guest llm of pve1.example.net is not in this run's inventory: its keys in {REPO}/guest-keys "
+        "do not exist yet (made when pvegpu creates the VM); the next run includes it\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,8 @@ def test_container_dev_key_with_a_number_proxmox_never_writes_is_left_alone() ->
 
 def test_error_vm_slot_holding_a_mapping_number_pvegpu_never_writes() -> None:
     spec = VmSpec(vmid=100, name="llm", cores=64, memory=786432)
-    current = {"hostpci0": f"mapping=gpu{LONG},pcie=1"}
+    # A Q35/OVMF VM (an i440FX one is not given hostpci keys before its conversion: plan/convert.py).
+    current = {"machine": "q35", "bios": "ovmf", "hostpci0": f"mapping=gpu{LONG},pcie=1"}
     with pytest.raises(HostPciError) as error:
         diff_vm(vm_config(spec, ["gpu0"], None), create_keys(spec), current, "gpu")
     assert str(error.value) == (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lab import fakesys
-from lab.pve.guest import GuestError, Passed, q35_guest
+from lab.pve.guest import GuestError, Passed, guest_topology, i440fx_guest, q35_guest
 from lab.topologies import TOPOLOGIES
 
 REFERENCE = TOPOLOGIES["reference"]
@@ -76,3 +76,42 @@ def test_refuses_what_the_lab_cannot_lay_out(passed: list[Passed], error: str) -
     with pytest.raises(GuestError) as refused:
         q35_guest("g", REFERENCE, passed)
     assert str(refused.value) == error
+
+
+def test_i440fx_guest_has_the_gpus_as_conventional_pci_at_qemu_servers_slots(tmp_path: Path) -> None:
+    passed = [
+        Passed(0, _card("0000:41:00"), pcie=False),
+        Passed(1, _card("0000:51:00"), pcie=False),
+        Passed(4, _card("0000:c1:00"), pcie=False),
+    ]
+
+    manifest = fakesys.write_tree(tmp_path, guest_topology("g", REFERENCE, "pc", passed), "none")
+
+    assert sorted(manifest["devices"]) == [
+        "0000:00:00.0", "0000:00:01.0", "0000:00:01.1", "0000:00:01.3", "0000:00:02.0",
+        "0000:00:10.0", "0000:00:10.1", "0000:00:11.0", "0000:00:11.1", "0000:00:1f.0",
+        "0000:01:0d.0", "0000:01:0d.1",
+    ]  # fmt: skip
+    ids = {a: (d["vendor"], d["device"]) for a, d in manifest["devices"].items() if a.startswith("0000:00:0")}
+    assert ids == {
+        "0000:00:00.0": ("8086", "1237"),
+        "0000:00:01.0": ("8086", "7000"),
+        "0000:00:01.1": ("8086", "7010"),
+        "0000:00:01.3": ("8086", "7113"),
+        "0000:00:02.0": ("1234", "1111"),
+    }
+    assert manifest["devices"]["0000:01:0d.0"]["parents"] == ["0000:00:1f.0"]  # hostpci4 behind pci.2
+    assert (manifest["devices"]["0000:00:1f.0"]["vendor"], manifest["devices"]["0000:00:1f.0"]["device"]) == (
+        "1b36",
+        "0001",
+    )
+    gpu = manifest["devices"]["0000:00:10.0"]
+    assert (gpu["vendor"], gpu["device"], gpu["driver"], gpu["iommu_group"]) == ("10de", "2bb1", None, None)
+    assert not (tmp_path / "devices/pci0000:00/0000:00:10.0/max_link_speed").exists()  # conventional PCI
+    assert guest_topology("g", REFERENCE, "q35", [Passed(0, _card("0000:41:00"))]).name == "q35-g"
+
+
+def test_i440fx_refuses_pcie_passthrough() -> None:
+    with pytest.raises(GuestError) as refused:
+        i440fx_guest("g", REFERENCE, [Passed(0, _card("0000:41:00"))])
+    assert str(refused.value) == "hostpci0: q35 machine model is not enabled"

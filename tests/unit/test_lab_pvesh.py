@@ -540,19 +540,20 @@ def test_drift_killed_create_leaves_the_stub_locked_and_a_task_that_no_longer_ru
     assert start.err == "VM is locked (create)\n"
 
     # `qm unlock 100` (here through the API, root only), then the config is empty; a PUT finishes it the
-    # way qemu-server's update does: disks allocated, the NIC given a MAC.
+    # way qemu-server's update does: disks allocated (after the volumes the killed worker left, as
+    # find_free_diskname skips them), the NIC given a MAC.
     assert pve("set", "/nodes/pve1/qemu/100/config", "--delete", "lock", "--skiplock", "1").rc == 0
     assert pve.file("etc/pve/qemu-server/100.conf") == ""
     put = pve("set", "/nodes/pve1/qemu/100/config", *VM_DISKS, "--net0", "virtio,bridge=vmbr0")
     assert put.out.splitlines()[1:] == [
-        "efidisk0: successfully created disk 'local-lvm:vm-100-disk-0,efitype=4m,size=4M'",
-        "scsi0: successfully created disk 'local-lvm:vm-100-disk-1,size=32G'",
+        "efidisk0: successfully created disk 'local-lvm:vm-100-disk-2,efitype=4m,size=4M'",
+        "scsi0: successfully created disk 'local-lvm:vm-100-disk-3,size=32G'",
     ]
     config = pve.json("get", "/nodes/pve1/qemu/100/config")
     assert (
         config["scsi0"],
         re.sub("[0-9A-F]{2}:[0-9A-F]{2}:[0-9A-F]{2}$", "..", config["net0"].split(",")[0]),
     ) == (
-        "local-lvm:vm-100-disk-1,size=32G",
+        "local-lvm:vm-100-disk-3,size=32G",
         "virtio=BC:24:11:..",
     )

@@ -93,6 +93,7 @@ def test_vm_config_keys() -> None:
         "scsihw": "virtio-scsi-single",
         **{f"hostpci{n}": f"mapping=gpu{n},pcie=1" for n in range(8)},
         "args": MMIO,
+        "hookscript": "local:snippets/pvegpu-hook",
     } == CONFIG
     assert CREATE == {
         "efidisk0": "local-lvm:1,efitype=4m,pre-enrolled-keys=0",

@@ -323,7 +323,7 @@ def test_update_start_waits_for_the_binding_a_reboot_brings() -> None:
     )
     commands, _ = start_later(api, ())
     assert len(commands) == 1
-    commands[0].function(None, None)
+    execute(commands)
     assert api.writes() == [("POST", START, {})]
 
 
@@ -331,7 +331,7 @@ def test_error_start_refused_when_still_unbound_at_execution() -> None:
     api = FakeApi({("GET", CONFIG): vm(), ("GET", STATUS): status("stopped")})
     commands, _ = start_later(api, ("0000:41:00.0 (no driver)",))
     with pytest.raises(OperationError) as error:
-        commands[0].function(None, None)
+        execute(commands)  # one error line for the host (an api_command), no traceback
     assert str(error.value) == (
         "refusing to start VM 100: vfio binding not in effect on pve1 for 0000:41:00.0 (no driver) "
         "(run deploy/host.py)"

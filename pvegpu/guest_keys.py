@@ -1,0 +1,201 @@
+"""The operator's-machine side of a cloud-image guest's identity: its SSH host key pair, the known_hosts
+line pyinfra checks it against, and (DHCP) the address the guest agent reported.
+
+Files, beside the known_hosts file of the node's inventory data (`ssh_known_hosts_file`):
+
+    <dir>/guest-keys/<vm name>_ed25519       the guest's private host key, OpenSSH format, 0600, never printed
+    <dir>/guest-keys/<vm name>_ed25519.pub   its public half (`ssh-ed25519 <base64>`)
+    <dir>/guest-keys/<vm name>_login_ed25519 the key pyinfra logs in to the guest with (its public half is in
+                                             the guest's authorized_keys through cloud-init), 0600
+    <dir>/guest-keys/<vm name>.address       a DHCP guest's address, as the guest agent reported it
+
+Every write is atomic (a temporary file in the same directory, synced, then renamed): a cut leaves the old
+file. `record_known_host` replaces only the lines for one address; every other line stays as it was.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import os
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+GUEST_KEYS_DIR = "guest-keys"
+_KEY_SUFFIX = "_ed25519"
+_PRIVATE_MODE = 0o600
+_PUBLIC_MODE = 0o644
+_DIRECTORY_MODE = 0o700
+_HASHED = "|1|"  # OpenSSH's HashKnownHosts form: |1|<base64 salt>|<base64 HMAC-SHA1 of the host name>
+
+
+class GuestKeyError(Exception):
+    """A guest key or address file that pvegpu will not use (too open, not ed25519, not an address)."""
+
+
+def host_key_files(known_hosts: Path | str, vm_name: str) -> tuple[Path, Path]:
+    """(private, public) key file paths of the guest `vm_name` whose host key goes into `known_hosts`."""
+    directory = _expanded(known_hosts).parent / GUEST_KEYS_DIR
+    private = directory / f"{vm_name}{_KEY_SUFFIX}"
+    return private, private.with_name(private.name + ".pub")
+
+
+def login_key_files(known_hosts: Path | str, vm_name: str) -> tuple[Path, Path]:
+    """(private, public) paths of the key pyinfra logs in to guest `vm_name` with."""
+    private, _ = host_key_files(known_hosts, f"{vm_name}_login")
+    return private, private.with_name(private.name + ".pub")
+
+
+def address_file(private_key: Path) -> Path:
+    """Where a DHCP guest's address is recorded: `<vm name>.address` beside its key."""
+    return private_key.with_name(private_key.name.removesuffix(_KEY_SUFFIX) + ".address")
+
+
+def ensure_key_pair(private_key: Path) -> tuple[str, str]:
+    """(private key text, public key line) of the ed25519 key pair at `private_key` (a guest's host key or
+    login key), generated and written (0600, in a 0700 directory) when the file does not exist; the `.pub`
+    file is (re)written from it when missing or different. GuestKeyError for a key file others can read or
+    that is not ed25519."""
+    if private_key.exists():
+        text = private_key.read_text()
+        mode = private_key.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise GuestKeyError(
+                f"{private_key}: mode {mode:04o} lets others read the guest's private host key; "
+                f"chmod 600 it (or delete it and its VM's snippet to get a new key)"
+            )
+        key = serialization.load_ssh_private_key(text.encode(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise GuestKeyError(f"{private_key}: not an ed25519 private key")
+    else:
+        key = Ed25519PrivateKey.generate()
+        text = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ).decode()
+        private_key.parent.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+        _write_atomically(private_key, text, _PRIVATE_MODE)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    line = public.decode()
+    public_file = private_key.with_name(private_key.name + ".pub")
+    if not public_file.exists() or public_file.read_text() != line + "\n":
+        _write_atomically(public_file, line + "\n", _PUBLIC_MODE)
+    return text, line
+
+
+def known_hosts_line(address: str, public_key: str) -> str:
+    """`<address> <type> <base64>`: the known_hosts line of `public_key` (a comment is left out) at
+    `address`, port 22."""
+    key_type, key_base64 = public_key.split()[:2]
+    return f"{address} {key_type} {key_base64}"
+
+
+def known_host_recorded(known_hosts: Path | str, address: str, public_key: str) -> bool:
+    """Whether `known_hosts` holds `public_key` for `address` and no other key for it."""
+    lines = _lines(_expanded(known_hosts))
+    return _with_host(lines, address, public_key) == lines
+
+
+def record_known_host(known_hosts: Path | str, address: str, public_key: str) -> None:
+    """Make `public_key` the only key `known_hosts` has for `address`: that address's other lines are
+    removed (from a line that also names other hosts, only the address), every other line is kept, the
+    new line goes last. Written atomically, keeping the file's mode (0644 for a new file); unchanged when
+    the key is already the only one."""
+    known_hosts = _expanded(known_hosts)
+    lines = _lines(known_hosts)
+    wanted = _with_host(lines, address, public_key)
+    if wanted != lines:
+        mode = known_hosts.stat().st_mode & 0o777 if known_hosts.exists() else _PUBLIC_MODE
+        known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(known_hosts, "".join(f"{line}\n" for line in wanted), mode)
+
+
+def record_address(private_key: Path, address: str) -> None:
+    """Record the DHCP guest's `address` (an IP address; ValueError otherwise) beside its key."""
+    ipaddress.ip_address(address)
+    path = address_file(private_key)
+    if not path.exists() or path.read_text() != f"{address}\n":
+        _write_atomically(path, f"{address}\n", _PUBLIC_MODE)
+
+
+def recorded_address(private_key: Path) -> str | None:
+    """The address recorded for the guest of `private_key`; None when none is; GuestKeyError when the file
+    holds something else than an IP address."""
+    path = address_file(private_key)
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise GuestKeyError(f"{path}: {text[:60]!r} is not an IP address; delete the file") from None
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _expanded(path: Path | str) -> Path:
+    """`path` with `~` expanded, as pyinfra reads `ssh_known_hosts_file`."""
+    return Path(path).expanduser()
+
+
+def _with_host(lines: list[str], address: str, public_key: str) -> list[str]:
+    """`lines` with `known_hosts_line(address, public_key)` as the one entry for `address`."""
+    ours = known_hosts_line(address, public_key)
+    result: list[str] = []
+    for line in lines:
+        if line == ours and ours not in result:
+            result.append(line)
+            continue
+        kept = _without_host(line, address)
+        if kept is not None:
+            result.append(kept)
+    if ours not in result:
+        result.append(ours)
+    return result
+
+
+def _without_host(line: str, address: str) -> str | None:
+    """`line` without `address` among its host names: unchanged when it does not name it, None when it
+    names only it. Comments, blank lines and `@marker` lines are kept as they are."""
+    stripped = line.strip()
+    if not stripped or stripped.startswith(("#", "@")):
+        return line
+    names, _, rest = stripped.partition(" ")
+    hosts = names.split(",")
+    left = [name for name in hosts if not _names_address(name, address)]
+    if len(left) == len(hosts):
+        return line
+    return f"{','.join(left)} {rest}" if left else None
+
+
+def _names_address(name: str, address: str) -> bool:
+    if not name.startswith(_HASHED):
+        return name.lower() == address.lower()
+    salt, _, digest = name.removeprefix(_HASHED).partition("|")
+    try:
+        expected = hmac.new(base64.b64decode(salt), address.encode(), hashlib.sha1).digest()
+        return hmac.compare_digest(expected, base64.b64decode(digest))
+    except ValueError:  # not valid base64: not a hashed entry OpenSSH would match either
+        return False
+
+
+def _write_atomically(path: Path, text: str, mode: int) -> None:
+    temp = path.with_name(f".{path.name}.pvegpu-new")
+    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(descriptor, mode)  # the umask, or a leftover temporary file, must not widen it
+        os.write(descriptor, text.encode())
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.replace(temp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -1,0 +1,56 @@
+"""The pre-start hookscript's entry point: `python3 pvegpu-hook.pyz [options] VMID PHASE`.
+
+Proxmox runs the wrapper (`<snippets>/pvegpu-hook`, written by pvegpu) as `pvegpu-hook <vmid> <phase>`; the
+wrapper adds the options the inventory gives (`--mode`, `--prefix`, `--sysfs-root`). Phases other than
+`pre-start` exit 0 at once. On `pre-start` the hook reads the VM's config and /etc/pve/mapping/pci.cfg (the
+files Proxmox's own check reads next), the node's PCI hardware, decides (decide.py), prints its lines to the
+task log, writes the repairs with `pvesh set ... --digest` and exits 0 (start) or 1 (refused: the VM does not
+start).
+
+Each repair re-reads pci.cfg and writes only when the mapping still holds what the decision was made on, with
+that file's digest: a concurrent edit is never overwritten; the start then fails saying so, and the next start
+decides again. When the hook cannot read what it decides on (a missing file, a hardware read that fails) it
+says so and exits 0: it repairs nothing then, and Proxmox's own mapping check decides the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+PRE_START = "pre-start"
+MODES = ("repair", "check")
+PVESH = "/usr/bin/pvesh"
+TIMEOUT_S = 20.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the hook (module docstring); the exit status Proxmox reads."""
+    args = _parser().parse_args(argv)
+    if args.phase != PRE_START:
+        return 0
+    from pvegpu.hook.decide import Mode, Start  # noqa: PLC0415 - only pre-start pays for the planner's import
+    from pvegpu.hook.pre_start import pre_start  # noqa: PLC0415
+
+    start = Start(args.vmid, os.uname().nodename.split(".")[0], Mode(args.mode), args.prefix)
+    return pre_start(start, Path(args.pve_root), Path(args.sysfs_root), args.pvesh, args.timeout)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pvegpu-hook", description="pvegpu's pre-start hookscript")
+    parser.add_argument("--mode", choices=MODES, default=MODES[0])
+    parser.add_argument("--prefix", default="gpu", help="mapping ids are PREFIX0, PREFIX1, ...")
+    parser.add_argument("--sysfs-root", default="/sys")
+    parser.add_argument("--pve-root", default="/", help="where /etc/pve is (tests)")
+    parser.add_argument("--pvesh", default=PVESH)
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per command it runs")
+    parser.add_argument("vmid", type=int)
+    parser.add_argument("phase")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

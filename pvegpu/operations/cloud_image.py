@@ -1,0 +1,210 @@
+"""The steps that give a new VM an OS from a cloud image, through the Proxmox API and the node's files.
+
+- `storage_content`: a storage offers the content types pvegpu needs (`import` for a downloaded image,
+  `snippets` for the cloud-init user-data), added to the ones it has, never replacing them;
+- `image_downloaded`: the image volume exists on the node, else the node downloads it (`download-url` with
+  the checksum: a mismatch fails the task, and the error names the URL and both sums). Checked only while
+  the VM does not exist: the image is read once, on create, and a later run never downloads it again;
+- `snippet_file`: the cloud-init user-data on the node (mode 0600: it holds the guest's SSH host key);
+- `disk_grown`: the system disk at least `size_gib` (an imported disk has the image's size); never shrunk.
+
+Reads happen while preparing; writes are `api_command`s (or one shell command for the snippet) run while
+executing, so `--dry` shows them without making them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.facts.files import Sha256File
+
+from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.operations.files import write_file
+from pvegpu.operations.pve_guest import VM, Guest
+from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
+
+_SIZE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
+_UNIT_GIB = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0, "": 1 / 1024**3}
+
+
+@operation()
+@one_line_errors
+def storage_content(*, api: PveClient, storage: str, wanted: Sequence[str]) -> Generator[FunctionCommand]:
+    """Storage `storage` offers every content type in `wanted`, added to its own (read with its digest)."""
+    try:
+        config = api.storage(storage)
+    except PveError as error:
+        raise OperationError(f"storage {storage}: {error.line}") from None
+    missing = [kind for kind in wanted if kind not in config.content]
+    if not missing:
+        host.noop(f"storage {storage} offers {', '.join(wanted)}")
+        return
+    content = [*config.content, *missing]
+    logger.info(
+        f"{host.print_prefix}storage {storage} content: {','.join(config.content)} -> {','.join(content)}"
+    )
+    yield api_command(_set_content, api, storage, content, config.digest, missing)
+
+
+def _set_content(api: PveClient, storage: str, content: list[str], digest: str, missing: list[str]) -> None:
+    try:
+        api.update_storage_content(storage, content, digest)
+        after = api.storage(storage)
+    except PveError as error:
+        raise OperationError(
+            f"storage {storage}: content type {', '.join(missing)} not added: {error.line}"
+        ) from None
+    still = [kind for kind in missing if kind not in after.content]
+    if still:
+        raise OperationError(
+            f"storage {storage}: content type {', '.join(still)} not added: reading it back shows "
+            f"content {','.join(after.content)}"
+        )
+
+
+@operation()
+@one_line_errors
+def image_downloaded(
+    *,
+    api: PveClient,
+    node: str,
+    volid: str,
+    url: str | None,
+    checksum: str | None,
+    algorithm: str | None,
+    timeout_s: float,
+) -> Generator[FunctionCommand]:
+    """Volume `volid` (`<storage>:import/<file>`) exists on `node`; when it does not and `url` is given, the
+    node downloads it with `checksum` (`algorithm`); without `url` (`vm.image.volume`) a missing volume is an
+    error naming it."""
+    storage, _, name = volid.partition(":")
+    try:
+        present = volid in api.storage_volumes(node, storage, "import")
+    except PveError as error:
+        raise OperationError(f"vm.image: the volumes of storage {storage} on {node}: {error.line}") from None
+    if present:
+        host.noop(f"image {volid} is on {node}")
+        return
+    if url is None:
+        raise OperationError(f"vm.image.volume: {volid} does not exist on {node}")
+    params: Params = {
+        "url": url,
+        "filename": name.removeprefix("import/"),
+        "content": "import",
+        "checksum": checksum,
+        "checksum-algorithm": algorithm,
+        "verify-certificates": 1,
+    }
+    logger.info(f"{host.print_prefix}image {volid}: download {url} ({algorithm} {checksum})")
+    yield api_command(_download, api, _Download(node, storage, volid, url, params, timeout_s))
+
+
+@dataclass(frozen=True)
+class _Download:
+    node: str
+    storage: str
+    volid: str
+    url: str
+    params: Params
+    timeout_s: float
+
+
+def _download(api: PveClient, job: _Download) -> None:
+    url = job.url
+    try:
+        api.wait_task(api.download_url(job.node, job.storage, job.params), job.timeout_s)
+    except TaskFailedError as error:
+        raise OperationError(f"vm.image.url {url}: not downloaded: {error.message}") from None
+    except PveError as error:
+        raise OperationError(f"vm.image.url {url}: not downloaded: {error.line}") from None
+    try:
+        present = job.volid in api.storage_volumes(job.node, job.storage, "import")
+    except PveError as error:
+        raise OperationError(
+            f"vm.image.url {url}: downloaded, reading it back failed: {error.line}"
+        ) from None
+    if not present:
+        raise OperationError(f"vm.image.url {url}: the download task ended OK, but {job.volid} is not there")
+
+
+@operation()
+def snippet_file(*, path: str, content: str) -> Generator[StringCommand]:
+    """The cloud-init user-data `content` at `path` on the node, root-only (it holds a private host key);
+    its text is never logged."""
+    remote = host.get_fact(Sha256File, path=path)
+    if remote == hashlib.sha256(content.encode()).hexdigest():
+        host.noop(f"cloud-init user-data {path} is up to date")
+        return
+    yield StringCommand("mkdir", "-p", path.rsplit("/", 1)[0])
+    yield write_file(path, content, mode="0600")
+
+
+@operation()
+@one_line_errors
+def disk_grown(
+    *, api: PveClient, node: str, vmid: int, disk: str, size_gib: int
+) -> Generator[FunctionCommand]:
+    """VM `vmid`'s `disk` is at least `size_gib` GiB (read from its config's `size=`); grown when smaller,
+    never shrunk. A VM that does not exist yet (`--dry` before the run creates it) is read when the grow
+    executes."""
+    try:
+        config = Guest(VM, api, node, vmid).config_or_none()
+    except PveError as error:
+        raise OperationError(f"VM {vmid}: {error.line}") from None
+    if config is None:
+        logger.info(f"{host.print_prefix}VM {vmid} {disk}: grown to {size_gib} GiB once created, if smaller")
+        yield api_command(_grow_created, api, _Disk(node, vmid, disk), size_gib)
+        return
+    value = config.values.get(disk)
+    size = None if value is None else disk_size_gib(str(value))
+    if size is None:
+        raise OperationError(f"VM {vmid}: {disk} has no size in its config ({value!r})")
+    if size >= size_gib:
+        host.noop(f"VM {vmid} {disk} is {size:g} GiB (at least {size_gib})")
+        return
+    logger.info(f"{host.print_prefix}VM {vmid} {disk}: {size:g} GiB -> {size_gib} GiB")
+    yield api_command(_grow, api, _Disk(node, vmid, disk), size_gib, config.digest)
+
+
+@dataclass(frozen=True)
+class _Disk:
+    node: str
+    vmid: int
+    key: str
+
+
+def _grow_created(api: PveClient, disk: _Disk, size_gib: int) -> None:
+    try:
+        config = api.vm_config(disk.node, disk.vmid)
+    except PveError as error:
+        raise OperationError(f"VM {disk.vmid} {disk.key} not grown to {size_gib} GiB: {error.line}") from None
+    size = disk_size_gib(str(config.values.get(disk.key, "")))
+    if size is None or size < size_gib:
+        _grow(api, disk, size_gib, config.digest)
+
+
+def _grow(api: PveClient, disk: _Disk, size_gib: int, digest: str) -> None:
+    what = f"VM {disk.vmid} {disk.key}"
+    try:
+        api.resize_vm_disk(disk.node, disk.vmid, disk.key, f"{size_gib}G", digest)
+        after = disk_size_gib(str(api.vm_config(disk.node, disk.vmid).values.get(disk.key, "")))
+    except PveError as error:
+        raise OperationError(f"{what} not grown to {size_gib} GiB: {error.line}") from None
+    if after is None or after < size_gib:
+        raise OperationError(f"{what} not grown to {size_gib} GiB: reading it back shows {after} GiB")
+
+
+def disk_size_gib(value: str) -> float | None:
+    """The `size=` of a disk's property string in GiB (`size=2G` -> 2.0, `size=512M` -> 0.5), or None."""
+    match = _SIZE.search(value)
+    if match is None:
+        return None
+    return float(match.group(1)) * _UNIT_GIB[match.group(2)]

@@ -1,0 +1,195 @@
+"""Converting an existing i440FX/SeaBIOS VM to Q35/OVMF (plan/convert.py decides; this reads and acts).
+
+`q35_conversion` reads the VM's config and, for a VM that is not Q35/OVMF yet and runs, what its guest agent
+shows (through the Proxmox API: `agent/get-fsinfo`, `agent/file-read` of /etc/os-release and the EFI
+loaders, `agent/network-get-interfaces`). A refusal fails the host with the planner's text (the exact steps
+to take), nothing changed. A conversion logs every step while preparing (so `--dry` shows the whole plan,
+changing nothing), then yields one command per step: the NIC pin written in the guest and read back, the
+conf copy on the node (checked against the digest the plan was made from), the clean shutdown, and the PUT
+of the Q35/OVMF keys with that digest, read back. The start is the role's next operation.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Generator, Mapping
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from pvegpu.models.guest_boot import GuestBoot, GuestFilesystem
+from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
+from pvegpu.operations.pve_guest import VM, Guest
+from pvegpu.plan.convert import (
+    OS_RELEASE,
+    Conversion,
+    GuestFile,
+    Refusal,
+    legacy_firmware,
+    loader_paths,
+    os_id,
+    plan_conversion,
+)
+from pvegpu.plan.guest_leftovers import unfinished
+from pvegpu.plan.hostpci import HostPciError
+from pvegpu.plan.vm import VmChange, diff_vm
+from pvegpu.pve import PveClient, PveError
+from pvegpu.wait import WaitTimeoutError, wait_until
+
+
+@operation()
+@one_line_errors
+def q35_conversion(
+    *,
+    api: PveClient,
+    node: str,
+    vmid: int,
+    config: Mapping[str, str],
+    create: Mapping[str, str],
+    prefix: str,
+    timeout_s: float,
+) -> Generator[FunctionCommand | StringCommand, None, None]:
+    """Convert VM `vmid` on `node` to Q35/OVMF with `config`/`create` (plan/vm.py) when it is not, and its
+    guest shows it can boot that way; else raise OperationError with the steps to take. Noop when the VM
+    does not exist (q35_vm creates it) or is Q35/OVMF already."""
+    guest = Guest(VM, api, node, vmid)
+    current = guest.read_config()
+    if current is None:
+        host.noop(f"VM {vmid} does not exist on {node}: nothing to convert")
+        return
+    if unfinished(current.values):  # a killed create's leftover, not an installed VM: q35_vm reports it
+        host.noop(f"VM {vmid} on {node} was never completely created: nothing to convert")
+        return
+    legacy = legacy_firmware(current.values)
+    if not legacy:
+        host.noop(f"VM {vmid} on {node} is Q35/OVMF: nothing to convert")
+        return
+
+    def diff(values: Mapping[str, object]) -> VmChange:
+        try:
+            return diff_vm(config, create, values, prefix, converting=True)
+        except HostPciError as error:
+            raise OperationError(f"VM {vmid}: {error}") from None
+
+    change = diff(current.values)
+    running = guest.read_status() == "running"
+    boot = observe(api, node, vmid) if running else GuestBoot()
+    plan = plan_conversion(
+        vmid, node, current, running=running, boot=boot, change=change.set, delete=change.delete
+    )
+    if isinstance(plan, Refusal):
+        raise OperationError(plan.text)
+    logger.info(f"{host.print_prefix}VM {vmid}: convert to Q35/OVMF (now {', '.join(legacy)})")
+    for number, step in enumerate(plan.steps, 1):
+        logger.info(f"{host.print_prefix}VM {vmid} step {number}: {step}")
+    if plan.link is not None:
+        yield api_command(_write_in_guest, api, node, vmid, plan.link)
+    yield StringCommand(backup_command(plan))
+    yield api_command(_shut_down, guest, timeout_s)
+    yield api_command(_set_q35, guest, plan, diff)
+
+
+def observe(api: PveClient, node: str, vmid: int) -> GuestBoot:
+    """What the running guest's agent shows (models/guest_boot.py); `agent_error` set when the agent does
+    not answer the first call. A loader file-read that fails counts as the file missing."""
+    try:
+        filesystems = _filesystems(api.agent_get(node, vmid, "get-fsinfo"))
+        nics = api.guest_addresses(node, vmid)
+    except PveError as error:
+        return GuestBoot(agent_error=error.line)
+    release = _read(api, node, vmid, OS_RELEASE)
+    distribution = None if release is None else os_id(release)
+    files = {path: bool(_read(api, node, vmid, path)) for path in loader_paths(distribution)}
+    return GuestBoot(filesystems=filesystems, files=files, nics=nics, os_id=distribution)
+
+
+def backup_command(plan: Conversion) -> str:
+    """Copy the VM's conf file to `plan.backup` (directory 0700), kept only when its SHA-1 is the digest the
+    plan was made from (Proxmox's config digest is the file's SHA-1): else the command fails, nothing kept."""
+    backup, partial = shlex.quote(plan.backup), shlex.quote(f"{plan.backup}.partial")
+    directory = shlex.quote(plan.backup.rsplit("/", 1)[0])
+    check = shlex.quote(f"{plan.digest}  {plan.backup}.partial")
+    return (
+        f"install -d -m 0700 {directory} && cp {shlex.quote(plan.conf)} {partial} && "
+        f"{{ echo {check} | sha1sum --check --quiet || {{ rm -f {partial}; exit 1; }}; }} && "
+        f"mv {partial} {backup}"
+    )
+
+
+def _filesystems(answer: Mapping[str, object]) -> tuple[GuestFilesystem, ...]:
+    result = answer.get("result")
+    if not isinstance(result, list) or not all(isinstance(item, dict) for item in result):
+        raise OperationError(
+            f"agent/get-fsinfo: expected a list of filesystems under 'result', got {result!r}"
+        )
+    return tuple(
+        GuestFilesystem(str(item.get("name", "")), str(item.get("mountpoint", "")), str(item.get("type", "")))
+        for item in result
+    )
+
+
+def _read(api: PveClient, node: str, vmid: int, path: str) -> str | None:
+    """The text of `path` in the guest (agent/file-read), None when it cannot be read."""
+    try:
+        content = api.agent_get(node, vmid, "file-read", {"file": path}).get("content")
+    except PveError:
+        return None
+    return content if isinstance(content, str) else None
+
+
+def _write_in_guest(api: PveClient, node: str, vmid: int, file: GuestFile) -> None:
+    failure = attempt(
+        lambda: api.agent_post(node, vmid, "file-write", {"file": file.path, "content": file.content})
+    )
+    said = what_came_back(failure, f"POST /nodes/{node}/qemu/{vmid}/agent/file-write")
+    if _read(api, node, vmid, file.path) != file.content:
+        raise OperationError(
+            f"VM {vmid}: {file.path} not written in the guest ({said}; reading it back shows other content):"
+            " not converted, nothing else changed"
+        )
+
+
+def _shut_down(guest: Guest, timeout_s: float) -> None:
+    try:
+        guest.api.wait_task(guest.api.shutdown_vm(guest.node, guest.vmid, int(timeout_s)), timeout_s + 30)
+    except PveError as error:
+        raise OperationError(
+            f"VM {guest.vmid} did not shut down ({error.line}): not converted, its config is unchanged"
+        ) from None
+
+    def running() -> str | None:
+        status = guest.status()
+        return None if status == "stopped" else status
+
+    try:
+        wait_until(running, timeout_s, f"VM {guest.vmid}: the shutdown task ended OK, but it runs")
+    except WaitTimeoutError as timeout:
+        raise OperationError(str(timeout)) from None
+
+
+def _set_q35(guest: Guest, plan: Conversion, diff: Callable[[Mapping[str, object]], VmChange]) -> None:
+    """PUT the Q35/OVMF keys with the digest the plan was made from, then read back. A VM left unconverted is
+    stopped: the message says to start it (a stopped VM's guest cannot be checked), then to run again."""
+    restart = f"it is stopped: start it (`qm start {guest.vmid}`), then run again"
+    before = guest.read_config()
+    if before is None or before.digest != plan.digest:
+        raise OperationError(
+            f"VM {guest.vmid} not converted: its config changed since it was checked; {restart}"
+        )
+    failure = attempt(
+        lambda: guest.api.update_vm_config(guest.node, guest.vmid, plan.set, plan.digest, plan.delete)
+    )
+    said = what_came_back(failure, f"PUT {guest.config_endpoint}")
+    try:
+        after = guest.config_or_none()
+    except PveError as error:
+        raise OperationError(f"VM {guest.vmid}: {said}; reading it back failed: {error.line}") from None
+    if after is None or after.digest == plan.digest or legacy_firmware(after.values):
+        raise OperationError(f"VM {guest.vmid} not converted ({said}); {restart}")
+    if diff(after.values).changed:
+        raise OperationError(f"VM {guest.vmid} is Q35/OVMF, but not every key was set ({said}); run again")
+    if failure is not None:
+        logger.warning(f"{host.print_prefix}VM {guest.vmid}: {failure.line}; reading it back shows Q35/OVMF")

@@ -1,0 +1,39 @@
+"""The node's storages, ready for what the VM needs from them: the content types (`snippets` for the
+cloud-init user-data and the pre-start hookscript, `import` for a cloud image the node downloads), added to
+each storage's own types in one write, and the snippets directory the files go to."""
+
+from __future__ import annotations
+
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import host
+
+from pvegpu.models.vm import ImageUrl, VmSpec
+from pvegpu.operations.cloud_image import storage_content
+from pvegpu.pve import PveClient, PveError
+
+
+def storages_offer(api: PveClient, spec: VmSpec) -> None:
+    """Each storage the VM's files and image use offers their content types (nothing when none is used)."""
+    wanted: dict[str, list[str]] = {}
+    if spec.image is not None or spec.self_heal != "off":
+        wanted[spec.snippets_storage] = ["snippets"]
+    if isinstance(spec.image, ImageUrl):
+        wanted.setdefault(spec.image.storage, []).insert(0, "import")
+    for storage, kinds in wanted.items():
+        storage_content(
+            name=f"Storage {storage} offers {', '.join(kinds)}", api=api, storage=storage, wanted=kinds
+        )
+
+
+def snippets_directory(api: PveClient, storage: str) -> str:
+    """The directory of `vm.snippets_storage` `storage` (`<path>/snippets`); OperationError naming the
+    field for a storage without one."""
+    try:
+        path = api.storage(storage).path
+    except PveError as error:
+        raise OperationError(f"{host.name}: vm.snippets_storage {storage}: {error.line}") from None
+    if path is None:
+        raise OperationError(
+            f"{host.name}: vm.snippets_storage {storage} has no directory (snippets need a dir-like storage)"
+        )
+    return f"{path}/snippets"

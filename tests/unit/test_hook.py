@@ -1,0 +1,347 @@
+"""The node's pre-start hook (pvegpu/hook): its decision and exact lines on the lab's generated trees, the
+zipapp run by the node's python3 against a temporary /etc/pve and a recording `pvesh`, the bundle's contents,
+the install operation, and the VM's `hookscript` key (plan/vm.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import Sha256File
+
+from lab.fakesys import write_tree
+from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.facts.pci_cfg import render_pci_cfg
+from pvegpu.hook.bundle import BUNDLE_PATH, PYTHON, Bundle, BundleError, build, modules, wrapper
+from pvegpu.hook.decide import FIX_COMMAND, Mode, Start, decide, mapped_ids
+from pvegpu.models.hardware import HostHardware
+from pvegpu.models.pve import PciMapping
+from pvegpu.models.vm import VmSpec
+from pvegpu.operations.hook import hook_installed
+from pvegpu.plan.mapping import plan_mappings
+from pvegpu.plan.topology import plan_vendor_topology
+from pvegpu.plan.vm import create_keys, diff_vm, vm_config
+
+NAMES = ("reference", "reference-renumbered", "reference-missing-gpu")
+CONFIG = "boot: order=scsi0\nhostpci0: mapping=gpu0,pcie=1\nhostpci1: 0000:99:00\n" + "".join(
+    f"hostpci{n}: mapping=gpu{n},pcie=1\n" for n in range(2, 8)
+)
+CONFIG_8 = "".join(f"hostpci{n}: mapping=gpu{n},pcie=1\n" for n in range(8)) + "name: llm\n"
+RENUMBERED = [
+    "pvegpu: gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16, repaired",
+    "pvegpu: gpu1 pve1: 0000:51:00 group 17 -> 0000:31:00 group 19, repaired",
+    "pvegpu: gpu2 pve1: 0000:61:00 group 20 -> 0000:41:00 group 22, repaired",
+    "pvegpu: gpu3 pve1: 0000:71:00 group 23 -> 0000:51:00 group 25, repaired",
+    "pvegpu: gpu4 pve1: 0000:c1:00 group 29 -> 0000:a1:00 group 31, repaired",
+    "pvegpu: gpu5 pve1: 0000:d1:00 group 32 -> 0000:b1:00 group 34, repaired",
+    "pvegpu: gpu6 pve1: 0000:e1:00 group 35 -> 0000:c1:00 group 37, repaired",
+    "pvegpu: gpu7 pve1: 0000:f1:00 group 38 -> 0000:d1:00 group 40, repaired",
+]
+REPAIR = Start(100, "pve1", Mode.REPAIR, "gpu")
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sys")
+    for name in NAMES:
+        write_tree(root / name, name)
+    return {name: root / name for name in NAMES}
+
+
+@pytest.fixture(scope="module")
+def hw(trees: dict[str, Path]) -> dict[str, HostHardware]:
+    return {name: read_hardware_locally(path) for name, path in trees.items()}
+
+
+def mapped(hw: HostHardware, node: str = "pve1") -> tuple[PciMapping, ...]:
+    return plan_mappings({node: plan_vendor_topology(hw, "10de")})
+
+
+def test_mapped_ids_are_the_current_sections_mapping_keys_in_hostpci_order() -> None:
+    text = "hostpci10: mapping=gpu9\nhostpci2: host=0000:41:00\nhostpci1: mapping=gpu0,pcie=1\n[snap]\n"
+    text += "hostpci3: mapping=gpu5\n"
+    assert mapped_ids(text) == ("gpu0", "gpu9")
+    assert mapped_ids(CONFIG) == tuple(f"gpu{n}" for n in (0, 2, 3, 4, 5, 6, 7))
+
+
+def test_noop_valid_mappings_one_line_nothing_to_write(hw: dict[str, HostHardware]) -> None:
+    decision = decide(REPAIR, CONFIG_8, mapped(hw["reference"]), hw["reference"])
+    assert decision.lines == ("pvegpu: VM 100 on pve1: 8 GPU mappings valid",)
+    assert (decision.repairs, decision.refused) == ((), False)
+
+
+def test_bios_renumbered_repair_writes_every_mapping_with_the_new_lines(hw: dict[str, HostHardware]) -> None:
+    old = mapped(hw["reference"])
+    decision = decide(REPAIR, CONFIG_8, old, hw["reference-renumbered"])
+    assert list(decision.lines) == RENUMBERED
+    assert decision.refused is False
+    new = mapped(hw["reference-renumbered"])
+    assert [(r.mapping, r.old, r.new) for r in decision.repairs] == [
+        (o.id, o.map, n.map) for o, n in zip(old, new, strict=True)
+    ]
+
+
+def test_bios_renumbered_check_mode_refuses_with_the_repair_it_would_make(
+    hw: dict[str, HostHardware],
+) -> None:
+    decision = decide(
+        replace(REPAIR, mode=Mode.CHECK), CONFIG_8, mapped(hw["reference"]), hw["reference-renumbered"]
+    )
+    assert decision.lines[0] == "pvegpu: gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16 (renumbered)"
+    assert decision.lines[-1] == (
+        "pvegpu: VM 100 not started: vm.self_heal is check, so nothing is written; to repair, run: "
+        "pyinfra inventory.py deploy/rebuild_vm.py"
+    )
+    assert (len(decision.lines), decision.repairs, decision.refused) == (9, (), True)
+
+
+def test_error_missing_gpu_refuses_naming_the_gpu_and_the_fix(hw: dict[str, HostHardware]) -> None:
+    decision = decide(REPAIR, CONFIG_8, mapped(hw["reference"]), hw["reference-missing-gpu"])
+    missing = "7 GPUs found for 8 mappings of pve1: a card is missing"
+    assert (
+        decision.lines[3]
+        == f"pvegpu: gpu3 pve1: 0000:71:00 group 23: no device there now; {missing}, not repaired"
+    )
+    assert decision.lines[-1] == (
+        "pvegpu: VM 100 not started: the GPUs of pve1 changed, not only their numbers; check the hardware, "
+        f"then run: {FIX_COMMAND}"
+    )
+    assert (decision.repairs, decision.refused) == ((), True)
+
+
+def test_vm_without_pvegpu_mappings_is_left_to_proxmox(hw: dict[str, HostHardware]) -> None:
+    decision = decide(REPAIR, "hostpci0: 0000:41:00\n", mapped(hw["reference"]), hw["reference-missing-gpu"])
+    assert (decision.lines, decision.refused) == (
+        ("pvegpu: VM 100 maps no gpu<N> mapping: nothing to check",),
+        False,
+    )
+
+
+def test_error_vm_mapping_absent_from_pci_cfg(hw: dict[str, HostHardware]) -> None:
+    decision = decide(REPAIR, "hostpci0: mapping=gpu8\n", mapped(hw["reference"]), hw["reference"])
+    assert decision.lines == (f"pvegpu: VM 100: no mapping gpu8 in pci.cfg; run: {FIX_COMMAND}",)
+    assert decision.refused is True
+
+
+# --- the zipapp, run by the node's python3 ------------------------------------------------------------------
+
+PVESH = """#!/bin/sh
+printf '%s\\n' "$*" >> "$(dirname "$0")/calls"
+if [ -e "$(dirname "$0")/fail" ]; then
+  echo "update hardware mapping failed: detected modified configuration - file changed by other user?" \
+    "Try again." >&2
+  exit 255
+fi
+"""
+
+
+@pytest.fixture(scope="module")
+def zipapp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("hook") / "pvegpu-hook.pyz"
+    path.write_bytes(build().data)
+    return path
+
+
+def node_root(tmp: Path, hw: HostHardware, config: str = CONFIG_8) -> tuple[Path, Path]:
+    """A /etc/pve with VM 100 and this machine's node name in pci.cfg, and a recording pvesh."""
+    node = os.uname().nodename.split(".")[0]
+    (tmp / "etc/pve/qemu-server").mkdir(parents=True)
+    (tmp / "etc/pve/mapping").mkdir(parents=True)
+    (tmp / "etc/pve/qemu-server/100.conf").write_text(config)
+    (tmp / "etc/pve/mapping/pci.cfg").write_text(render_pci_cfg(mapped(hw, node)))
+    pvesh = tmp / "bin/pvesh"
+    pvesh.parent.mkdir()
+    pvesh.write_text(PVESH)
+    pvesh.chmod(0o755)
+    return tmp, pvesh
+
+
+def run_hook(
+    zipapp: Path, root: Path, pvesh: Path, sysfs: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    argv = [PYTHON, str(zipapp), "--pve-root", str(root), "--sysfs-root", str(sysfs), "--pvesh", str(pvesh)]
+    return subprocess.run([*argv, *args], capture_output=True, text=True, check=False, timeout=60)
+
+
+def test_zipapp_other_phases_exit_zero_silently(zipapp: Path, tmp_path: Path) -> None:
+    done = run_hook(zipapp, tmp_path, tmp_path / "pvesh", tmp_path, "100", "post-start")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_zipapp_repairs_through_pvesh_with_the_files_digest(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    root, pvesh = node_root(tmp_path, hw["reference"])
+    cfg = root / "etc/pve/mapping/pci.cfg"
+    digest = hashlib.sha1(cfg.read_bytes()).hexdigest()
+    done = run_hook(zipapp, root, pvesh, trees["reference-renumbered"], "100", "pre-start")
+    node = os.uname().nodename.split(".")[0]
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [line.replace(" pve1: ", f" {node}: ") for line in RENUMBERED]
+    new = mapped(hw["reference-renumbered"], node)
+    assert (tmp_path / "bin/calls").read_text().splitlines() == [
+        f"set /cluster/mapping/pci/{m.id} --map {m.map[0]} --digest {digest}" for m in new
+    ]
+
+
+def test_error_zipapp_concurrent_edit_is_not_overwritten(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    root, pvesh = node_root(tmp_path, hw["reference"])
+    (tmp_path / "bin/fail").write_text("")
+    done = run_hook(zipapp, root, pvesh, trees["reference-renumbered"], "100", "pre-start")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == (
+        "pvegpu: VM 100 not started: gpu0 not repaired: pvesh set /cluster/mapping/pci/gpu0: update "
+        "hardware mapping failed: detected modified configuration - file changed by other user? Try again.; "
+        "nothing was overwritten, the next start decides again"
+    )
+
+
+def test_zipapp_unreadable_hardware_leaves_the_start_to_proxmox(
+    zipapp: Path, hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    root, pvesh = node_root(tmp_path, hw["reference"])
+    done = run_hook(zipapp, root, pvesh, tmp_path / "no-sys", "100", "pre-start")
+    assert done.returncode == 0
+    assert done.stdout == (
+        f"pvegpu: VM 100: nothing checked (hardware command failed (exit 1): pvegpu: sysfs root "
+        f"{tmp_path / 'no-sys'} is not a readable directory); Proxmox's own check decides\n"
+    )
+    assert not (tmp_path / "bin/calls").exists()
+
+
+# --- the bundle --------------------------------------------------------------------------------------------
+
+
+def test_bundle_holds_the_hooks_stdlib_only_modules_and_is_deterministic() -> None:
+    assert modules() == (
+        "pvegpu",
+        "pvegpu.facts",
+        "pvegpu.facts.hardware_parse",
+        "pvegpu.facts.parsing",
+        "pvegpu.facts.pci_cfg",
+        "pvegpu.hook",
+        "pvegpu.hook.decide",
+        "pvegpu.hook.main",
+        "pvegpu.hook.pre_start",
+        "pvegpu.hook.pvesh",
+        "pvegpu.models",
+        "pvegpu.models.hardware",
+        "pvegpu.models.pve",
+        "pvegpu.plan",
+        "pvegpu.plan.errors",
+        "pvegpu.plan.heal",
+        "pvegpu.plan.mapping",
+        "pvegpu.plan.topology",
+    )
+    assert build().sha256 == build().sha256
+
+
+def test_error_bundle_refuses_a_module_that_needs_a_third_party_package() -> None:
+    with pytest.raises(BundleError) as error:
+        modules("pvegpu.models.vm")
+    assert str(error.value) == "pvegpu.models.vm imports pydantic, which the node's python3 does not have"
+
+
+def test_wrapper_names_the_version_and_the_bundle_it_runs() -> None:
+    bundle = Bundle(b"zip", "ab" * 32, "0.1.0")
+    assert wrapper(bundle, mode="check", prefix="gpu", sysfs_root="/opt/sys") == (
+        "#!/bin/sh\n"
+        "# pvegpu 0.1.0 pre-start hookscript, written by pvegpu (a run rewrites it).\n"
+        f"# bundle {BUNDLE_PATH} sha256 {'ab' * 32}\n"
+        f'exec /usr/bin/python3 {BUNDLE_PATH} --mode check --prefix gpu --sysfs-root /opt/sys "$@"\n'
+    )
+
+
+# --- the install operation ---------------------------------------------------------------------------------
+
+
+class PathFacts:
+    """A pyinfra host whose Sha256File answers per path."""
+
+    name = "pve1"
+    print_prefix = "[pve1] "
+
+    def __init__(self, sums: dict[str, str | None]) -> None:
+        self.sums = sums
+        self.noops: list[str] = []
+
+    def get_fact(self, fact: type, path: str) -> str | None:
+        assert fact is Sha256File
+        return self.sums[path]
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+
+HOOK = "/var/lib/vz/snippets/pvegpu-hook"
+
+
+def install(sums: dict[str, str | None], bundle: Bundle, text: str) -> tuple[list[object], list[str]]:
+    fake = PathFacts(sums)
+    with ctx_host.use(fake):
+        commands = list(hook_installed._inner(bundle=bundle, wrapper_path=HOOK, wrapper=text))
+    return [c.get_raw_value() if isinstance(c, StringCommand) else c for c in commands], fake.noops
+
+
+def test_noop_hook_installed_when_both_files_match() -> None:
+    bundle = Bundle(b"zip", hashlib.sha256(b"zip").hexdigest(), "0.1.0")
+    text = wrapper(bundle, mode="repair", prefix="gpu", sysfs_root="/sys")
+    sums: dict[str, str | None] = {
+        BUNDLE_PATH: bundle.sha256,
+        HOOK: hashlib.sha256(text.encode()).hexdigest(),
+    }
+    assert install(sums, bundle, text) == (
+        [],
+        [f"pvegpu 0.1.0 hook is installed: {HOOK}, {BUNDLE_PATH} ({bundle.sha256[:12]})"],
+    )
+
+
+def test_create_hook_uploads_the_bundle_staged_and_writes_the_wrapper_0755() -> None:
+    bundle = Bundle(b"zip", hashlib.sha256(b"zip").hexdigest(), "0.1.0")
+    text = wrapper(bundle, mode="repair", prefix="gpu", sysfs_root="/sys")
+    commands, noops = install({BUNDLE_PATH: None, HOOK: None}, bundle, text)
+    assert noops == []
+    assert commands[0] == "mkdir -p /usr/local/lib/pvegpu"
+    upload = commands[1]
+    assert isinstance(upload, FileUploadCommand)
+    assert isinstance(upload.src, io.BytesIO)
+    assert (upload.src.getvalue(), upload.dest) == (
+        b"zip",
+        "/usr/local/lib/pvegpu/.pvegpu-hook.pyz.pvegpu-new",
+    )
+    staged = "/usr/local/lib/pvegpu/.pvegpu-hook.pyz.pvegpu-new"
+    assert commands[2] == (
+        f"{{ chmod 0644 {staged} && chown root:root {staged} && sync {staged} && printf '%s  %s\n' "
+        f"{bundle.sha256} {staged} | sha256sum --check --status && mv -f {staged} {BUNDLE_PATH} && sync "
+        f"/usr/local/lib/pvegpu ; }} || {{ rm -f {staged} ; echo 'pvegpu: could not write {BUNDLE_PATH} "
+        "(left unchanged)' >&2 ; exit 1 ; }"
+    )
+    assert commands[3] == "mkdir -p /var/lib/vz/snippets"
+    assert "chmod 0755 /var/lib/vz/snippets/.pvegpu-hook.pvegpu-new" in str(commands[4])
+    assert len(commands) == 5
+
+
+# --- the VM's hookscript key -------------------------------------------------------------------------------
+
+
+def test_vm_config_names_the_hook_unless_self_heal_is_off() -> None:
+    spec = VmSpec(vmid=100)
+    assert vm_config(spec, ["gpu0"], None)["hookscript"] == "local:snippets/pvegpu-hook"
+    assert "hookscript" not in vm_config(spec.model_copy(update={"self_heal": "off"}), ["gpu0"], None)
+
+
+def test_self_heal_off_deletes_only_pvegpus_hookscript() -> None:
+    spec = VmSpec(vmid=100, self_heal="off")
+    config = vm_config(spec, ["gpu0"], None)
+    ours = diff_vm(config, create_keys(spec), {**config, "hookscript": "local:snippets/pvegpu-hook"}, "gpu")
+    theirs = diff_vm(config, create_keys(spec), {**config, "hookscript": "local:snippets/backup.sh"}, "gpu")
+    assert ("hookscript" in ours.delete, "hookscript" in theirs.delete) == (True, False)

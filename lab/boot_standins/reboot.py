@@ -27,6 +27,10 @@ fake running state, from the files the bootloader, modprobe and systemd would re
 - device nodes: /dev/nvidia* are removed (a boot starts with a fresh devtmpfs); then, when systemd runs
   (/run/systemd/system exists) and `pvegpu-nvidia-devices.service` is enabled, it is restarted, as the
   boot would start it (it creates the nodes again with nvidia-modprobe).
+- a Proxmox lab node's VMs (when /etc/pvegpu-lab/pve.json is there): the running ones are stopped before the
+  "boot" and, after it, the ones with `onboot: 1` are started as pve-guests.service starts them, through the
+  API's start (`pvesh create /nodes/<node>/qemu/<vmid>/status/start`): the VM's pre-start hookscript, then
+  Proxmox's mapping check. A start that fails leaves its VM down, its task log saying why.
 
 Settings come from /etc/pvegpu-lab/boot.json (layout, sysfs_root, cmdline_path, kernel image names). Each
 reboot appends one line to /var/log/pvegpu-lab/reboot.log.
@@ -48,6 +52,8 @@ ESP_LIST = Path("/etc/kernel/proxmox-boot-uuids")
 KERNEL_FILE = Path("/etc/pvegpu-lab/kernel")
 GRUB_CFG = Path("/boot/grub/grub.cfg")
 LOG = Path("/var/log/pvegpu-lab/reboot.log")
+PVE_CONFIG = Path("/etc/pvegpu-lab/pve.json")  # a Proxmox lab node's (lab/pve/node.py)
+QEMU_CONFS = Path("/etc/pve/qemu-server")
 NVIDIA_ENV = Path("/etc/pvegpu-lab/nvidia.env")
 DEFAULT_VERSION_FILE = "/opt/fakeproc/driver/nvidia/version"  # lab.guest_payload.VERSION_FILE
 DEV = Path("/dev")
@@ -243,7 +249,47 @@ def boot_drivers(sysfs: Path, cmdline: str, nvidia: bool) -> tuple[list[str], li
     return bound, released
 
 
+def _get(path: str) -> object:
+    done = subprocess.run(
+        ["pvesh", "get", path, "--output-format", "json"], check=True, capture_output=True, text=True
+    )
+    return json.loads(done.stdout)
+
+
+def _create(path: str) -> None:
+    """A task (stop, start): pvesh prints its output and UPID, and exits 0 even when the task failed."""
+    subprocess.run(["pvesh", "create", path], check=True, capture_output=True, text=True)
+
+
+def _vmids() -> list[str]:
+    return sorted(conf.stem for conf in QEMU_CONFS.glob("*.conf")) if PVE_CONFIG.is_file() else []
+
+
+def stop_vms(node: str) -> list[str]:
+    """Stop the node's running VMs (a reboot shuts its guests down); the vmids stopped."""
+    stopped = []
+    for vmid in _vmids():
+        status = _get(f"/nodes/{node}/qemu/{vmid}/status/current")
+        if isinstance(status, dict) and status.get("status") == "running":
+            _create(f"/nodes/{node}/qemu/{vmid}/status/stop")
+            stopped.append(vmid)
+    return stopped
+
+
+def start_onboot_vms(node: str) -> list[str]:
+    """Start the VMs with `onboot: 1` through the API (pve-guests.service at boot); the vmids started."""
+    started = []
+    for vmid in _vmids():
+        config = _get(f"/nodes/{node}/qemu/{vmid}/config")
+        if isinstance(config, dict) and str(config.get("onboot", "0")) == "1" and "lock" not in config:
+            _create(f"/nodes/{node}/qemu/{vmid}/status/start")
+            started.append(vmid)
+    return started
+
+
 def main() -> int:
+    node = str(json.loads(PVE_CONFIG.read_text())["node"]) if PVE_CONFIG.is_file() else ""
+    stopped = stop_vms(node) if node else []
     config = json.loads(CONFIG.read_text())
     cmdline_path = Path(config["cmdline_path"])
     sysfs = Path(config["sysfs_root"])
@@ -254,12 +300,16 @@ def main() -> int:
     module = module_at_boot(sysfs, nvidia, installed_version(), version_file())
     fresh_device_nodes()
     unit = start_device_unit()
+    started = start_onboot_vms(node) if node else []
     LOG.parent.mkdir(parents=True, exist_ok=True)
     with LOG.open("a") as log:
         log.write(
             f"reboot: cmdline={cmdline!r} vfio-pci={','.join(bound) or '-'}"
             + (f" released={','.join(released)}" if released else "")
-            + f" nvidia={module or '-'} {DEVICE_UNIT}={unit}\n"
+            + f" nvidia={module or '-'} {DEVICE_UNIT}={unit}"
+            + (f" vms-stopped={','.join(stopped)}" if stopped else "")
+            + (f" vms-started={','.join(started)}" if started else "")
+            + "\n"
         )
     return 0
 

@@ -142,7 +142,8 @@ def bios_change(name: str, topology: str) -> hosts.LabHost:
                 _ssh(host, f"pvesh create {path}/stop")
     host = hosts.retopo(name, topology)
     if (host.root / "usr/local/sbin/reboot").exists():
-        _ssh(host, "reboot")
+        _ssh(host, "reboot")  # the reboot stand-in starts the onboot VMs itself
+        return host
     if pve:
         for conf in sorted((host.root / "etc/pve/qemu-server").glob("*.conf")):
             path = f"/nodes/{name}/qemu/{conf.stem}"

@@ -14,6 +14,8 @@
     bus/pci/slots/<name>/address               function-less address, e.g. 0000:41:00
     kernel/iommu_groups/N/devices/<bdf>        -> the device; type reserved_regions
     class/iommu/<ivhdN|dmar0>                  -> the IOMMU's device (empty directory without an IOMMU)
+    devices/system/node/nodeN/cpulist          each NUMA node's CPUs (the topology's `cpulists`), e.g.
+                                               `0-31,64-95`; no node directory for a topology without them
 
 Every link is relative, like the kernel's, so the tree works wherever it is put. Formats follow
 drivers/pci/pci-sysfs.c (shared/knowledge/linux-sysfs-lspci-nvidia-nccl-formats.md): ids `0x%04x`, class
@@ -370,6 +372,8 @@ def _write(layout: _Layout, out: Path) -> None:
     topology = layout.topology
     all_cpus = ",".join(topology.cpulists[n] for n in sorted(topology.cpulists)) or "0"
     _write_bus(w, layout)
+    for node, cpulist in sorted(topology.cpulists.items()):
+        w.file(f"devices/system/node/node{node}", "cpulist", cpulist + "\n")
     irq = 32
     for p in layout.functions:
         cpulist = all_cpus if p.numa is None else topology.cpulists.get(p.numa, all_cpus)

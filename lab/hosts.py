@@ -277,7 +277,8 @@ def _forget_guest_keys(name: str) -> set[str]:
 
 def down_all() -> list[str]:
     """Stop every host in the run directory; return their names."""
-    names = sorted(p.name for p in run_dir().iterdir() if p.is_dir()) if run_dir().is_dir() else []
+    folders = run_dir().iterdir() if run_dir().is_dir() else iter(())
+    names = sorted(p.name for p in folders if p.is_dir() and p.name != GUEST_KEYS_DIR)
     for name in names:
         down(name)
     return names

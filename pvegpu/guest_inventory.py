@@ -49,9 +49,12 @@ SHARED_SSH_KEYS = (
     KNOWN_HOSTS_KEY,
     "ssh_strict_host_key_checking",
 )
+# The guest's pyinfra host name of its node: the guest's roles read the node's plan (its cards, their NUMA
+# nodes and links) through it, for the NCCL topology file (pvegpu/plan/nccl_topo.py).
+GUEST_OF_KEY = "guest_of"
 PROBE_S = 2.0  # how long guests_of waits for a guest's sshd port to open
 # What guests_of sets in a guest's data; `data` may add keys, never replace these.
-_DERIVED = ("ssh_hostname", "ssh_user", "ssh_key", "_sudo", *SHARED_SSH_KEYS)
+_DERIVED = ("ssh_hostname", "ssh_user", "ssh_key", "_sudo", GUEST_OF_KEY, *SHARED_SSH_KEYS)
 # The guest's `node` keys guests_of derives; `data["node"]` may add others (e.g. a `sysfs_root`).
 _DERIVED_NODE = ("name", "profile", "gpus")
 
@@ -86,8 +89,8 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
 
         (vm.name, {"ssh_hostname": <static or recorded address>, "ssh_user": vm.user,
                    "ssh_key": <its login key>, ["_sudo": True,]
-                   <the node's SHARED_SSH_KEYS>, "node": {"name": vm.name, "profile": "vm", "gpus": ...},
-                   **data})
+                   <the node's SHARED_SSH_KEYS>, "guest_of": <the node's host name>,
+                   "node": {"name": vm.name, "profile": "vm", "gpus": ...}, **data})
 
     validated with `exit_on_invalid_guests`. A guest whose host key file does not exist yet (its VM is not
     made by pvegpu yet), whose DHCP address is not recorded yet, whose key is not in known_hosts yet or
@@ -130,7 +133,8 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
             problems.append(f"{node_host}: {VM_KEY}: {error}")
             continue
         if address is not None:
-            guests.append((vm.name, {**_guest_data(node_data, vm, address, node_extra), **extra}))
+            guest = _guest_data(node_data, vm, address, node_extra)
+            guests.append((vm.name, {**guest, GUEST_OF_KEY: node_host, **extra}))
     if problems:
         for line in problems:
             print(line, file=sys.stderr)

@@ -50,6 +50,16 @@ def node_report() -> None:
     if plan.is_pve_node and plan.specs.vm is not None:
         _mapping_health(plan)
         _hook_status(plan)
+        _numa_layout(plan)
+
+
+def _numa_layout(plan: NodePlan) -> None:
+    """Print the VM's NUMA layout pvegpu plans (plan/numa.py), why, and its keys; or why it has none."""
+    if plan.numa is None:
+        logger.warning(f"{host.print_prefix}VM NUMA layout: {plan.numa_problem}")
+        return
+    keys = ", ".join(f"{key}: {value}" for key, value in plan.numa.keys().items())
+    logger.info(f"{host.print_prefix}VM NUMA layout {plan.numa.layout} ({plan.numa.reason}): {keys}")
 
 
 def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:

@@ -42,6 +42,8 @@ def q35_vm_role() -> None:
     problem = plan.passable_problem()
     if problem is not None:
         raise OperationError(f"{host.name}: the GPUs cannot be passed: {problem}")
+    if plan.numa_problem is not None:
+        raise OperationError(f"{host.name}: {plan.numa_problem}")
     refusal = mmio_refusal(spec.mmio, pve.api_user)
     if refusal is not None:
         raise OperationError(f"{host.name}: {refusal}")
@@ -55,7 +57,7 @@ def q35_vm_role() -> None:
         api=api,
         node=node.name,
         vmid=spec.vmid,
-        config=vm_config(spec, plan.mapping_ids, plan.mmio),
+        config=vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa),
         create=create_keys(spec),
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
@@ -65,7 +67,7 @@ def q35_vm_role() -> None:
         api=api,
         node=node.name,
         vmid=spec.vmid,
-        config=vm_config(spec, plan.mapping_ids, plan.mmio),
+        config=vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa),
         create=create_keys(spec),
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,

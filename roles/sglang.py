@@ -1,12 +1,14 @@
 """sglang: SGLang serving the model as a systemd service, with the NCCL settings of the node's profile.
 
 System user, venv with the pinned SGLang, model directory (optional download), `/etc/pvegpu/sglang.env`
-(0600: the NCCL plan, each variable after its reason) and `sglang.service` from templates; the service
-restarts only when its unit, environment or venv changed, then pvegpu waits for /health and /v1/models.
-A layout that does not fit the GPUs found, an argv the pinned SGLang would refuse, an extra argument the
-profile refuses, or a key file that is missing or breaks the rules of `pvegpu.models.secret_file` fails while
-operations are collected, before any host is changed (a running service keeps running). The keys reach
-SGLang through systemd credentials and a `--config` file (`pvegpu.plan.sglang_service`).
+(0600: the NCCL plan, each variable after its reason), on a VM guest `/etc/pvegpu/nccl-topo.xml` (its GPUs'
+host NUMA nodes and PCIe links, `pvegpu.plan.nccl_topo`) and `sglang.service` from templates; the service
+restarts only when its unit, environment, topology file or venv changed, then pvegpu waits for /health
+and /v1/models. A layout that does not fit the GPUs found, an argv the pinned SGLang would refuse, an
+extra argument the profile refuses, or a key file that is missing or breaks the rules of
+`pvegpu.models.secret_file` fails while operations are collected, before any host is changed (a running
+service keeps running). The keys reach SGLang through systemd credentials and a `--config` file
+(`pvegpu.plan.sglang_service`).
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from pyinfra.context import host
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
+from pvegpu.facts.cpu import CpuAndKernel
 from pvegpu.facts.nccl import check_transports, summarize
 from pvegpu.facts.secret_files import SecretFiles
-from pvegpu.facts.sglang import SglangNcclChannels
+from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
+from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.host_plan import plan_of
 from pvegpu.models.sglang_options import SGLANG_VERSION
+from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
+from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
 from pvegpu.plan.sglang_service import (
     ENV_FILE,
@@ -62,7 +68,14 @@ def sglang() -> None:
     plan = plan_of(host)
     node, spec, hardware, topology = plan.specs.node, plan.specs.sglang, plan.hardware, plan.topology
     try:
-        nccl = plan_nccl(node.profile, topology, infiniband=has_infiniband(hardware), overrides=spec.env)
+        topo = _guest_nccl_topo() if node.profile == "vm" else None
+        nccl = plan_nccl(
+            node.profile,
+            topology,
+            infiniband=has_infiniband(hardware),
+            overrides=spec.env,
+            topo_file=TOPO_FILE if topo is not None else None,
+        )
         argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
         paths = tuple(path for _, path, _ in key_files(spec))
         problems = (
@@ -103,6 +116,11 @@ def sglang() -> None:
         )
     files.directory(name="Create /etc/pvegpu", path="/etc/pvegpu", mode="755")
     files.directory(name="Create /usr/local/lib/pvegpu", path="/usr/local/lib/pvegpu", mode="755")
+    topo_file = None
+    if topo is not None:
+        topo_file = nccl_topo_file(
+            name="Write NCCL's topology file (the GPUs' host NUMA nodes and links)", content=topo.xml
+        )
     script = files.put(
         name="Write the script that gives SGLang its keys from systemd credentials",
         src=StringIO(
@@ -152,6 +170,7 @@ def sglang() -> None:
         dest=UNIT_FILE,
         mode="644",
     )
+    changes = [unit, env, venv, script, *([topo_file] if topo_file is not None else [])]
     systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
     # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
     # finds it running: one start on a first run, one restart after a change, none otherwise.
@@ -159,7 +178,7 @@ def sglang() -> None:
         name="Start or restart SGLang (its unit, environment or venv changed)",
         service=SERVICE,
         restarted=True,
-        _if=any_changed(unit, env, venv, script),
+        _if=any_changed(*changes),
     )
     started = systemd.service(
         name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True
@@ -170,16 +189,45 @@ def sglang() -> None:
         base_url=f"http://{probe_host(spec.host)}:{spec.port}",
         key_file=spec.api_key_file,
         timeout_s=spec.start_timeout_s,
-        starting=any(op.will_change for op in (started, unit, env, venv, script)),
+        starting=any(op.will_change for op in (started, *changes)),
     )
+
+
+def _guest_nccl_topo() -> NcclTopo | None:
+    """This VM guest's NCCL topology file, planned from its node's plan and its own PCI tree; None, with an
+    info line, for a guest whose node is not in this run's inventory (`guest_of` unset: a guest listed by
+    hand; or an inventory of guests only). PlanError when its GPUs do not map to the node's cards.
+
+    The node is read through pyinfra's inventory (its plan and CPU vendor: facts pyinfra caches, read over
+    the node's own connection): one plan per host, and the file an ordinary compared write in the guest.
+    """
+    name = host.data.get(GUEST_OF_KEY)
+    node_host = host.state.inventory.get_host(str(name), None) if name else None
+    if node_host is None:
+        logger.info(
+            f"{host.print_prefix}no NCCL topology file: its node is not in this run's inventory "
+            f"({GUEST_OF_KEY}: {name}); NCCL sees the VM's flat PCI tree"
+        )
+        return None
+    node_plan = plan_of(node_host)
+    vendor = node_host.get_fact(CpuAndKernel).vendor
+    return plan_nccl_topo(node_plan.topology, node_plan.hardware, plan_of(host).hardware, vendor)
 
 
 @deploy("Report the NCCL transports SGLang uses")
 def nccl_transports() -> None:
     """Read-only (for deploy/doctor.py): the transport per rank pair from the running service's NCCL log,
-    and a warning for each pair that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P)."""
+    and a warning for each pair that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P). On a
+    VM guest, first what NCCL said of its topology file: the transports that follow were chosen with it (or,
+    with `sglang.env.NCCL_TOPO_FILE` emptied, without it: compare the two runs)."""
     plan = plan_of(host)
     node, single_node = plan.specs.node, plan.specs.sglang.nnodes == 1
+    if node.profile == "vm":
+        said = host.get_fact(SglangNcclTopologyFile)
+        logger.info(
+            f"{host.print_prefix}NCCL topology file of {SERVICE}: "
+            + ("; ".join(said) or "none named (NCCL read the VM's flat PCI tree)")
+        )
     records = host.get_fact(SglangNcclChannels)
     pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
     if pairs:

@@ -257,6 +257,18 @@ def verify_content_list(value: str) -> None:
             verify_content(item)
 
 
+def verify_cpuset(value: str) -> None:
+    """QemuServer.pm pve_verify_cpuset (PVE::CpuSet::parse_cpuset): `0,5,8-11`; Perl's split drops trailing
+    empty fields."""
+    parts = value.split(",")
+    while parts and not parts[-1]:
+        parts.pop()
+    for part in parts:
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if match is None or (match[2] is not None and int(match[2]) < int(match[1])):
+            raise ValueError("unable to parse cpuset option\n")
+
+
 def verify_urlencoded(value: str) -> None:
     if not re.fullmatch(r"[-%a-zA-Z0-9_.!~*'()]*", value):
         raise ValueError(f"invalid urlencoded string: {value}\n")
@@ -461,6 +473,14 @@ HOSTPCI_FMT: dict[str, P] = {
     "sub-device-id": P(pattern=r"0x[0-9a-fA-F]{4}"),
     "driver": P(enum=("vfio", "keep")),
 }
+# qemu-server Memory.pm $numa_fmt (numa0..numa7): no default key, `cpus` required.
+NUMA_SETS = r"\d+(?:-\d+)?(?:;\d+(?:-\d+)?)*"
+NUMA_FMT: dict[str, P] = {
+    "cpus": P(pattern=NUMA_SETS, optional=False),
+    "memory": P(type="number"),
+    "hostnodes": P(pattern=NUMA_SETS),
+    "policy": P(enum=("preferred", "bind", "interleave")),
+}
 DEV_FMT: dict[str, P] = {
     "path": P(pattern=r"/dev/.+"),
     "gid": P(type="integer", minimum=0),
@@ -482,6 +502,7 @@ IPCONFIG_FMT: dict[str, P] = {
 
 QEMU_KEYS: dict[str, P] = {
     "acpi": BOOL,
+    "affinity": P(verify=verify_cpuset),
     "agent": P(),
     "args": P(),
     "balloon": P(type="integer", minimum=0),
@@ -549,7 +570,7 @@ QEMU_INDEXED: dict[str, tuple[int, P]] = {
     "ide": (4, P()),
     "efidisk": (1, P()),
     "ipconfig": (32, P(props=IPCONFIG_FMT)),
-    "numa": (8, P()),
+    "numa": (8, P(props=NUMA_FMT)),
     "serial": (4, P()),
     "usb": (5, P()),
 }
@@ -2135,6 +2156,36 @@ def _passthrough(call: Call, conf: dict[str, str]) -> list[dict[str, Any]]:
     return devices
 
 
+def _numa_nodes(settings: Settings, conf: dict[str, str]) -> None:
+    """qemu-server Memory.pm `config`'s custom NUMA checks at start, after the hostpci ones (config_to_command
+    order): each numaN needs memory and cpus; hostnodes must exist on the node (its sysfs node directories)
+    and need a policy; the nodes' memory must add up to the VM's. Hugepages are not allocated here."""
+    if parse_boolean(conf.get("numa", "0")) != 1:
+        return
+    total = 0.0
+    for index in range(8):
+        if not conf.get(f"numa{index}"):
+            continue
+        numa = parse_property_string(P(props=NUMA_FMT), conf[f"numa{index}"])
+        if not numa.get("memory") or float(numa["memory"]) == 0:
+            raise DieError(f"missing NUMA node{index} memory value\n")
+        total += float(numa["memory"])
+        if "cpus" not in numa:
+            raise DieError(f"missing NUMA node{index} cpus\n")
+        if "hostnodes" in numa:
+            printed = numa["hostnodes"].replace(";", ",")
+            for part in numa["hostnodes"].split(";"):
+                first, _, last = part.partition("-")
+                for node in range(int(first), int(last or first) + 1):
+                    if not (settings.sysfs_root / f"devices/system/node/node{node}").is_dir():
+                        raise DieError(f"host NUMA node{node} doesn't exist\n")
+            if "policy" not in numa:
+                raise DieError(f"you need to define a policy for hostnode {printed}\n")
+    memory = float(conf.get("memory", "512").split(",")[0].removeprefix("current="))
+    if total and total != memory:
+        raise DieError("total memory for NUMA nodes must be equal to vm static memory\n")
+
+
 def _hypervisor(call: Call, request: dict[str, Any], failure: str = "start failed: ") -> dict[str, Any]:
     """Ask the lab hypervisor (outside the node) to start/stop a VM's guest or a CT's container host, or
     to run a guest agent command; wait for its answer (requests: lab/pve/hypervisor.py). A refusal fails
@@ -2301,6 +2352,7 @@ def start_qemu(call: Call) -> Json:
         exec_hookscript(call.settings, staged.main, vmid, "pre-start", emit)
         with locked(call.settings):
             devices = _passthrough(call, staged.main)
+            _numa_nodes(call.settings, staged.main)
             disk = _boot_disk(call.settings, staged.main)
         machine = staged.main.get("machine", "pc").split(",")[0]
         request = {

@@ -139,6 +139,14 @@ def log_nccl_channels(values: dict[str, list[str]]) -> None:
     ranks = int(_one(values, "tp_size", "1"))
     via = "SHM/direct" if "enable_p2p_check" in values else "P2P/CUMEM/read"
     print("NCCL INFO NCCL version 2.30.7+cuda13.0 (pvegpu lab STAND-IN)", flush=True)
+    topo_file = os.environ.get("NCCL_TOPO_FILE")
+    if topo_file is not None:  # NCCL's ENV lines (src/graph/topo.cc, xml.cc)
+        print(f"NCCL INFO NCCL_TOPO_FILE set by environment to {topo_file}", flush=True)
+        if not os.path.isfile(topo_file):
+            print(
+                f"NCCL INFO Could not open XML topology file {topo_file} : No such file or directory",
+                flush=True,
+            )
     for rank in range(ranks if ranks > 1 else 0):
         peer = (rank + 1) % ranks
         channel = "00" if via.startswith("SHM") else "00/0"

@@ -7,6 +7,8 @@ fact is facts/hardware.py.
 
     iommu       one line per entry of class/iommu/ (an IOMMU is active iff there is any)
     slots       `bus/pci/slots/<name>/address:<DDDD:BB[:DD]>` (grep -H)
+    nodes       `devices/system/node/node<N>/cpulist:<list>` (grep -H), the host NUMA nodes' CPUs in the
+                kernel's list format (`0-31,64-95`; empty for a memory-only node); none without CONFIG_NUMA
     devices     `<address> <link target>` for every bus/pci/devices/<address> symlink, e.g.
                 `0000:41:00.0 ../../../devices/pci0000:40/0000:40:01.1/0000:41:00.0`
     links       `<address> driver|iommu_group <link target>`
@@ -29,11 +31,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from pvegpu.facts.parsing import FactCommandError, ParseError, split_sections
-from pvegpu.models.hardware import Bar, HostHardware, Link, PciFunction
+from pvegpu.models.hardware import Bar, HostHardware, Link, NumaNode, PciFunction
 
 _T = TypeVar("_T")
 
-SECTIONS = ("iommu", "slots", "devices", "links", "attributes", "end")
+SECTIONS = ("iommu", "slots", "nodes", "devices", "links", "attributes", "end")
 
 # Attribute files read per function. Ids/class are always there on a real kernel; numa_node needs
 # CONFIG_NUMA; the link files exist only for PCIe functions (and may fail to read: grep -s skips them).
@@ -54,6 +56,8 @@ echo '#pvegpu:iommu'
 for f in class/iommu/*; do if [ -e "$f" ] || [ -h "$f" ]; then echo "${f#class/iommu/}"; fi; done
 echo '#pvegpu:slots'
 grep -sH '' bus/pci/slots/*/address
+echo '#pvegpu:nodes'
+grep -sH '' devices/system/node/node[0-9]*/cpulist
 echo '#pvegpu:devices'
 set --
 if cd bus/pci/devices 2>/dev/null; then set -- *; if [ ! -e "$1" ] && [ ! -h "$1" ]; then set --; fi; fi
@@ -71,6 +75,8 @@ _ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _ROOT_BUS = re.compile(r"pci([0-9a-f]{4,}:[0-9a-f]{2})")
 _SLOT_LINE = re.compile(r"bus/pci/slots/([^/]+)/address:(.*)")
 _SLOT_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}(?::[0-9a-f]{2})?")
+_NODE_LINE = re.compile(r"devices/system/node/node([0-9]{1,9})/cpulist:(.*)")
+_CPU_RANGE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
 _ATTRIBUTE_LINE = re.compile(r"([^/]+)/([a-z_]+):(.*)")
 _ID = re.compile(r"0x[0-9a-f]{4}")
 _CLASS = re.compile(r"0x[0-9a-f]{6}")
@@ -84,10 +90,11 @@ _RESOURCE = re.compile(r"0x([0-9a-f]{16}) 0x([0-9a-f]{16}) 0x([0-9a-f]{16})")
 def hardware_command(sysfs_root: str = "/sys") -> str:
     """The one POSIX-sh command that reads every PCI function under `sysfs_root` (output: module docstring).
 
-    Processes started: the shell, `find` twice and `grep` twice (one `grep` over all slot files, one over all
-    attribute files of all functions), whatever the number of functions; with no PCI devices only the
-    shell and the slot `grep`. Needs GNU find (`-printf`) and grep. Exits 1 with a message on stderr if
-    `sysfs_root` cannot be entered; a tree without PCI devices is a valid, empty answer.
+    Processes started: the shell, `find` twice and `grep` three times (one `grep` over all slot files, one
+    over the NUMA nodes' cpulists, one over all attribute files of all functions), whatever the number of
+    functions; with no PCI devices only the shell and the slot and node `grep`s. Needs GNU find
+    (`-printf`) and grep. Exits 1 with a message on stderr if `sysfs_root` cannot be entered; a tree
+    without PCI devices is a valid, empty answer.
     """
     globs = " ".join(f"*/{name}" for name in ATTRIBUTES)
     return f"S={shlex.quote(sysfs_root)}" + _SCRIPT.replace("@ATTRIBUTE_GLOBS@", globs)
@@ -139,6 +146,24 @@ def parse_numa_node(text: str) -> int | None:
         raise ValueError(f"expected a node number or -1, got {text!r}")
     node = int(text)
     return None if node == -1 else node
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """A cpulist in the kernel's list format (`%*pbl`): "0-31,64-95" -> (0, ..., 31, 64, ..., 95); "" -> ().
+
+    Ranges must ascend and not overlap, as the kernel prints them.
+    """
+    cpus: list[int] = []
+    for part in text.split(",") if text else ():
+        match = _CPU_RANGE.fullmatch(part)
+        if match is None:
+            raise ValueError(f"expected a list like 0-31,64-95, got {text!r}")
+        first = int(match[1])
+        last = first if match[2] is None else int(match[2])
+        if last < first or (cpus and first <= cpus[-1]):
+            raise ValueError(f"ranges must ascend without overlap, got {text!r}")
+        cpus.extend(range(first, last + 1))
+    return tuple(cpus)
 
 
 def parse_link_speed(text: str) -> float | None:
@@ -224,7 +249,29 @@ def parse_hardware(lines: Sequence[str]) -> HostHardware:
     slots = _parse_slots(sections["slots"])
     functions = [_function(address, record, slots) for address, record in records.items()]
     functions.sort(key=lambda f: _address_key(f.address))
-    return HostHardware(functions=tuple(functions), iommu_present=bool(sections["iommu"]))
+    return HostHardware(
+        functions=tuple(functions),
+        iommu_present=bool(sections["iommu"]),
+        numa_nodes=_parse_nodes(sections["nodes"]),
+    )
+
+
+def _parse_nodes(entries: list[tuple[int, str]]) -> tuple[NumaNode, ...]:
+    """The `nodes` section: one NumaNode per `devices/system/node/nodeN/cpulist:<list>` line, by number."""
+    nodes: dict[int, NumaNode] = {}
+    for number, line in entries:
+        match = _NODE_LINE.fullmatch(line)
+        if match is None:
+            expected = "'devices/system/node/node<N>/cpulist:<list>'"
+            raise ParseError(f"line {number}: expected {expected}, got {line!r}")
+        node = int(match[1])
+        if node in nodes:
+            raise ParseError(f"line {number}: NUMA node {node} listed twice")
+        try:
+            nodes[node] = NumaNode(node, parse_cpulist(match[2]))
+        except ValueError as error:
+            raise ParseError(f"line {number}: node{node} cpulist: {error}") from None
+    return tuple(nodes[node] for node in sorted(nodes))
 
 
 def _record(records: dict[str, _Record], address: str, number: int) -> _Record:

@@ -11,6 +11,10 @@ every format NCCL has printed (knowledge: linux-sysfs-lspci-nvidia-nccl-formats.
                                                                                    P2P/indirect/R[d][/read])
     ... NCCL INFO Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3           (NET/IB/0, .../GDRDMA)
 
+`topology_file_lines(lines)` keeps NCCL's lines about `NCCL_TOPO_FILE` (its ENV subsystem, logged by
+default): `NCCL INFO NCCL_TOPO_FILE set by environment to <path>` and `NCCL INFO Could not open XML topology
+file <path> : <error>`.
+
 `summarize` folds records per (source rank, destination rank); `check_transports` compares them with
 what the profile expects (`vm`: SHM only, P2P is not supported; `lxc`/`baremetal`: P2P) and returns warnings.
 """
@@ -36,6 +40,13 @@ _CHANNEL = re.compile(
 _P2P = re.compile(r"P2P/(?:IPC|CUMEM|MNNVL|direct pointer|indirect/\d+\[[0-9a-fA-F]+\])(?:/read)?(?:/CE)?")
 _SHM = re.compile(r"SHM/(?:direct|CE)(?:/(?:direct|CE))?|direct shared memory")
 _NET = re.compile(r"NET/[^/\s]+/\d+\S*")
+
+
+# NCCL's ENV lines about its topology file (topo.cc ncclTopoGetSystem, xml.cc ncclTopoGetXmlFromFile).
+_TOPO_FILE = re.compile(
+    r"NCCL INFO (?P<text>NCCL_TOPO_FILE set by environment to \S+"
+    r"|Could not open XML topology file \S+ : .+?)\s*$"
+)
 
 
 class Transport(StrEnum):
@@ -115,6 +126,17 @@ def _transport(number: int, detail: str) -> Transport:
         if pattern.fullmatch(detail):
             return transport
     raise FactParseError(f"line {number}: unknown NCCL transport {detail!r}")
+
+
+def topology_file_lines(lines: Iterable[str]) -> tuple[str, ...]:
+    """NCCL's lines about its topology file, from `NCCL_TOPO_FILE`/`Could not` on, each once (every rank logs
+    them), in order; () when NCCL logged none (the variable is unset)."""
+    found: dict[str, None] = {}
+    for line in lines:
+        match = _TOPO_FILE.search(line)
+        if match:
+            found.setdefault(match["text"], None)
+    return tuple(found)
 
 
 def summarize(records: Sequence[ChannelTransport]) -> tuple[PairTransport, ...]:

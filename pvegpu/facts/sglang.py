@@ -1,7 +1,8 @@
 """The SGLang service's host-side state: the version in its venv, and whether its HTTP API answers.
 
 `SglangVenv(venv)` -> `VenvState`; `SglangProbe(python, base_url, key_file)` -> `Probe`;
-`SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`).
+`SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`);
+`SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log.
 The probe is one Python process on the host (urllib): `GET /health`, then `GET /v1/models` with
 `Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it). Parsing is pure
 (`parse_venv`, `parse_probe`; the NCCL lines: `parse_transports`).
@@ -17,7 +18,7 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.nccl import ChannelTransport, parse_transports
+from pvegpu.facts.nccl import ChannelTransport, parse_transports, topology_file_lines
 
 PACKAGE = "sglang"
 _VERSION_SCRIPT = (
@@ -135,17 +136,20 @@ class SglangProbe(FactBase[Probe]):
         return parse_probe(output)
 
 
+# The `NCCL INFO` lines of the service's current run (its systemd invocation).
+_NCCL_INFO_COMMAND = (
+    'journalctl -u sglang.service -o cat --no-pager _SYSTEMD_INVOCATION_ID="'
+    "$(systemctl show -p InvocationID --value sglang.service)\" 2>/dev/null | grep -F 'NCCL INFO' || true"
+)
+
+
 class SglangNcclChannels(FactBase[tuple[ChannelTransport, ...]]):
     """NCCL's channel lines from the journal of the service's current run (its systemd invocation), parsed
     by `parse_transports`; () when the service never ran or logged none."""
 
     @override
     def command(self) -> str:
-        invocation = "$(systemctl show -p InvocationID --value sglang.service)"
-        return (
-            f'journalctl -u sglang.service -o cat --no-pager _SYSTEMD_INVOCATION_ID="{invocation}" '
-            "2>/dev/null | grep -F 'NCCL INFO' || true"
-        )
+        return _NCCL_INFO_COMMAND
 
     @staticmethod
     def default() -> tuple[ChannelTransport, ...]:
@@ -154,3 +158,19 @@ class SglangNcclChannels(FactBase[tuple[ChannelTransport, ...]]):
     @override
     def process(self, output: list[str]) -> tuple[ChannelTransport, ...]:
         return parse_transports(output)
+
+
+class SglangNcclTopologyFile(FactBase[tuple[str, ...]]):
+    """NCCL's lines about `NCCL_TOPO_FILE` from the service's current run (`topology_file_lines`)."""
+
+    @override
+    def command(self) -> str:
+        return _NCCL_INFO_COMMAND
+
+    @staticmethod
+    def default() -> tuple[str, ...]:
+        return ()
+
+    @override
+    def process(self, output: list[str]) -> tuple[str, ...]:
+        return topology_file_lines(output)

@@ -83,11 +83,22 @@ class PciFunction:
 
 
 @dataclass(frozen=True)
+class NumaNode:
+    """One host NUMA node and its CPUs (/sys/devices/system/node/nodeN/cpulist), ascending; a node with
+    memory only (no CPUs) has none."""
+
+    node: int
+    cpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class HostHardware:
-    """Every PCI function of one host, plus whether an IOMMU is active (/sys/class/iommu non-empty)."""
+    """Every PCI function of one host, whether an IOMMU is active (/sys/class/iommu non-empty), and the
+    host's NUMA nodes by number (none: a kernel without NUMA, or output captured before pvegpu read them)."""
 
     functions: tuple[PciFunction, ...]
     iommu_present: bool
+    numa_nodes: tuple[NumaNode, ...] = ()
     by_address: dict[str, PciFunction] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,4 +112,5 @@ class HostHardware:
         return {
             "iommu_present": self.iommu_present,
             "functions": [asdict(function) for function in self.functions],
+            "numa_nodes": [asdict(node) for node in self.numa_nodes],
         }

@@ -4,7 +4,8 @@
 
 Formats are Proxmox's (shared/knowledge/proxmox-hostpci-vm-config.md §3, proxmox-api-behaviour.md §4.2):
 vmid `^[1-9][0-9]{2,8}$` (100-999999999), `machine` q35 or a pinned `pc-q35-X.Y[+pveN]`, `memory` ≥ 16 MiB,
-`hugepages` `2|1024|any` and only with `numa` (Proxmox: `numa needs to be enabled to use hugepages`).
+`hugepages` `2|1024|any` and only with `numa` (Proxmox: `numa needs to be enabled to use hugepages`);
+`numa_layout` and `host_reserved_cores` shape the guest's NUMA nodes (pvegpu/plan/numa.py).
 What pvegpu always sets and does not ask for: `bios: ovmf`, `efidisk0`, `cpu: host`, `balloon: 0`,
 `agent: 1`, and `hostpciN: mapping=<prefix>N,pcie=1` per GPU.
 
@@ -204,7 +205,15 @@ class VmSpec(BaseModel):
             "`pcie=1` passthrough needs q35."
         ),
     )
-    cores: StrictInt = Field(default=16, ge=1, le=8192, description="vCPU cores (one socket; `cpu: host`).")
+    cores: StrictInt = Field(
+        default=16,
+        ge=1,
+        le=8192,
+        description=(
+            "vCPUs in all (`cpu: host`): one socket, or with `numa_layout: host` one socket per guest NUMA "
+            "node, split evenly."
+        ),
+    )
     memory: StrictInt = Field(
         default=65536, ge=16, description="RAM in MiB (all of it is pinned for DMA with passthrough)."
     )
@@ -214,6 +223,24 @@ class VmSpec(BaseModel):
     hugepages: Literal["2", "1024", "any"] | None = Field(
         default=None,
         description="Back RAM with hugepages of this size in MiB (`2`, `1024` or `any`); None: off.",
+    )
+    numa_layout: Literal["host", "flat"] | None = Field(
+        default=None,
+        description=(
+            "Guest NUMA layout (experimental until measured on real hardware): `host` gives the guest one "
+            "NUMA node per host node holding the VM's GPUs (`numaN` bound to it, `sockets` = those nodes, "
+            "`cores` split evenly, `affinity` on their CPUs but `host_reserved_cores`); `flat` one socket, "
+            "no `numaN`, no `affinity`; None: `host` when the host has 2+ NUMA nodes and every GPU of the "
+            "VM knows its node, else `flat` (pvegpu/plan/numa.py)."
+        ),
+    )
+    host_reserved_cores: tuple[Annotated[int, Field(ge=0)], ...] | None = Field(
+        default=None,
+        description=(
+            "Host CPU ids (as Linux numbers them) the VM's `affinity` leaves to the host with "
+            "`numa_layout: host`; None: the first CPU of each NUMA node the VM uses (where the host's "
+            "housekeeping, timers and many IRQs run; its SMT sibling stays usable)."
+        ),
     )
     disk: DiskSpec = Field(default_factory=DiskSpec, description="System disk.")
     net: NetSpec = Field(default_factory=NetSpec, description="Network device.")
@@ -286,4 +313,6 @@ class VmSpec(BaseModel):
     def _hugepages_need_numa(self) -> VmSpec:
         if self.hugepages is not None and not self.numa:
             raise ValueError("hugepages need numa: true (Proxmox: numa needs to be enabled to use hugepages)")
+        if self.numa_layout == "host" and not self.numa:
+            raise ValueError("numa_layout: host needs numa: true (the guest's NUMA nodes are numaN keys)")
         return self

@@ -11,6 +11,7 @@ Pure. `plan_nccl(profile, topology, infiniband=..., overrides=...)`:
 - `lxc` / `baremetal`: the host driver gives real P2P. NCCL's default level (PXB: same PCIe switch) keeps
   P2P off between GPUs on separate root complexes, so `NCCL_P2P_LEVEL` is set from the topology: `PHB`
   when every GPU is on one NUMA node, `SYS` when they span several (NCCL's CPU nodes are NUMA nodes).
+- `NCCL_TOPO_FILE` where the caller has a topology file for a VM guest (pvegpu/plan/nccl_topo.py).
 - Every profile: `NCCL_IB_DISABLE=1` without an InfiniBand/RoCE adapter; `NCCL_DEBUG=INFO` so the
   channel lines `pvegpu.facts.nccl` reads (the transport actually used) reach the journal.
 
@@ -101,13 +102,15 @@ def plan_nccl(
     *,
     infiniband: bool,
     overrides: Mapping[str, str] | None = None,
+    topo_file: str | None = None,
 ) -> NcclPlan:
     """The NCCL environment and SGLang flags for `profile` (see the module docstring for the rules).
 
     `topology` (the host's GPUs, from `plan_topology`) is needed for `lxc` and `baremetal`; `vm` ignores it.
     `infiniband`: the serving host has an IB/RoCE adapter (`has_infiniband`). `overrides`: the operator's
-    variables. Raises PlanError (`sglang.env.<NAME>: ...`, one line each) for an override refused in the
-    vm profile, or (`sglang: ...`) when lxc/baremetal get no GPUs to read NUMA nodes from.
+    variables. `topo_file`: a VM guest's NCCL topology file (pvegpu/plan/nccl_topo.py), set as
+    `NCCL_TOPO_FILE`. Raises PlanError (`sglang.env.<NAME>: ...`, one line each) for an override refused in
+    the vm profile, or (`sglang: ...`) when lxc/baremetal get no GPUs to read NUMA nodes from.
     """
     overrides = overrides or {}
     planned: dict[str, EnvSetting] = {}
@@ -139,6 +142,12 @@ def plan_nccl(
         if topology is None or not topology.gpus:
             raise PlanError(f"{SGLANG_KEY}: the {profile} profile needs the host's GPUs for NCCL_P2P_LEVEL")
         put("NCCL_P2P_LEVEL", *_p2p_level(topology))
+    if topo_file is not None:
+        put(
+            "NCCL_TOPO_FILE",
+            topo_file,
+            "the GPUs' host NUMA nodes and PCIe links, which the VM hides (experimental until measured)",
+        )
     if not infiniband:
         no_ib = "no InfiniBand/RoCE adapter: skip NCCL's IB probe, use sockets between nodes"
         put("NCCL_IB_DISABLE", "1", no_ib)

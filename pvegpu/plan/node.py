@@ -2,10 +2,11 @@
 
 Everything the roles need to decide, derived once from the host's validated specs, its inventory groups and
 what was observed (the PCI hardware; on a Proxmox node also the CPU vendor and kernel release): the GPU
-topology, the profile's GPU functions, the PCI mapping ids, the vfio and MMIO plans, and the profile's steps
-(what to park, what waits and why). Roles read the plan (`pvegpu.host_plan.plan_of(host)`) and never derive
-any of it again. What cannot be planned is kept as `problem` (a `path: message` sentence naming the inventory
-field) and raised by the first role that needs the missing part, before any host is changed.
+topology, the profile's GPU functions, the PCI mapping ids, the vfio, MMIO and VM NUMA plans, and the
+profile's steps (what to park, what waits and why). Roles read the plan (`pvegpu.host_plan.plan_of(host)`)
+and never derive any of it again. What cannot be planned is kept as `problem` (a `path: message` sentence
+naming the inventory field) and raised by the first role that needs the missing part, before any host is
+changed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pvegpu.models.specs import HostSpecs
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.mapping import DEFAULT_PREFIX, mapping_id
 from pvegpu.plan.mmio import MmioWindow, passed_functions, plan_mmio
+from pvegpu.plan.numa import NumaPlan, plan_numa
 from pvegpu.plan.profile import (
     HostProfile,
     NodeSteps,
@@ -45,7 +47,8 @@ class NodeObserved:
 @dataclass(frozen=True)
 class NodePlan:
     """One host's plan (module docstring). On a host outside `pve_nodes`, `host`, `vfio` and `steps` are
-    None and `functions` is empty."""
+    None and `functions` is empty. `numa` is the VM's NUMA layout (None without `vm` data, or when it
+    cannot be planned: `numa_problem` says why, and the VM role raises it)."""
 
     name: str
     specs: HostSpecs
@@ -58,6 +61,8 @@ class NodePlan:
     host: HostProfile | None
     vfio: VfioPlan | None
     mmio: MmioWindow | None
+    numa: NumaPlan | None
+    numa_problem: str | None
     steps: NodeSteps | None
     serving: ServingSteps | None
     problem: str | None
@@ -99,6 +104,7 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
                 vfio = plan_vfio(hardware, functions, cpu_kernel.release)
         except PlanError as error:
             problem = str(error)
+    numa, numa_problem = _numa(specs, hardware, topology)
     waiting = held_by_vfio(node.profile, hardware, functions, specs.host.allow_reboot) if functions else None
     return NodePlan(
         name=name,
@@ -112,12 +118,24 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
         host=host,
         vfio=vfio,
         mmio=_mmio(specs, hardware, topology),
+        numa=numa,
+        numa_problem=numa_problem,
         steps=node_steps(node.profile, has_container=specs.lxc is not None, waiting=waiting)
         if PVE_NODES in groups
         else None,
         serving=serving_steps(groups, waiting),
         problem=problem,
     )
+
+
+def _numa(specs: HostSpecs, hardware: HostHardware, topology: Topology) -> tuple[NumaPlan | None, str | None]:
+    """The VM's NUMA plan, or why there is none; (None, None) without `vm` data."""
+    if specs.vm is None:
+        return None, None
+    try:
+        return plan_numa(specs.vm, hardware, topology.gpus, specs.pve.api_user), None
+    except PlanError as error:
+        return None, str(error)
 
 
 def _mmio(specs: HostSpecs, hardware: HostHardware, topology: Topology) -> MmioWindow | None:

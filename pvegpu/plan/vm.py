@@ -1,16 +1,19 @@
 """The Q35 VM's config from its spec, the change to make to an existing VM, and readiness checks. Pure.
 
-`vm_config(spec, mapping_ids, window)` gives the keys pvegpu converges field by field; `create_keys(spec)`
-the keys given only when the VM is created (disks are allocated then; the NIC gets its MAC then):
+`vm_config(spec, mapping_ids, window, numa)` gives the keys pvegpu converges field by field;
+`create_keys(spec)` the keys given only when the VM is created (disks are allocated then; the NIC gets its
+MAC then):
 
-    name, machine (q35 or pinned), bios ovmf, ostype l26, cpu host, sockets 1, cores, memory, numa,
+    name, machine (q35 or pinned), bios ovmf, ostype l26, cpu host, sockets and cores (one socket, or
+    plan/numa.py's layout with its numaN and affinity keys), memory, numa,
     hugepages (when set), balloon 0, agent 1, onboot, scsihw, hostpciN (mapping=<prefix>N,pcie=1),
     args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args) or cpu host,phys-bits=N,
     hookscript (pvegpu's pre-start hook, unless vm.self_heal is off; `off` deletes only pvegpu's)
 
 `diff_vm` compares with the config the API returns (ints and strings as Proxmox types them) and never
 touches a disk that exists: a missing disk is added, an existing one is left as it is, nothing is recreated.
-`args` is shared: pvegpu owns only its `X-PciMmio64Mb` part and keeps every other part verbatim.
+`args` is shared: pvegpu owns only its `X-PciMmio64Mb` part and keeps every other part verbatim. pvegpu owns
+every `numaN` (a key it no longer plans is deleted: Proxmox refuses nodes whose memory does not add up).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pvegpu.plan.cloud_init import image_volid, snippet_volid
 from pvegpu.plan.convert import CONVERSION_KEYS, needs_conversion
 from pvegpu.plan.hostpci import HOSTPCI_KEY, desired_hostpci, diff_hostpci
 from pvegpu.plan.mmio import MmioWindow
+from pvegpu.plan.numa import NumaPlan
 from pvegpu.plan.topology import Topology
 
 VFIO = "vfio-pci"
@@ -32,10 +36,14 @@ HOOKSCRIPT = "pvegpu-hook"  # the file name of pvegpu's pre-start hookscript in 
 NVIDIA = "10de"
 DISPLAY = 0x03
 _MMIO_ARG = re.compile(r"\s*-fw_cfg\s+name=opt/ovmf/X-PciMmio64Mb,string=\S+")
+NUMA_NODE_KEY = re.compile(r"numa[0-9]+")
 
 
-def vm_config(spec: VmSpec, mapping_ids: Sequence[str], window: MmioWindow | None) -> dict[str, str]:
-    """The keys pvegpu converges (see the module docstring), values as Proxmox stores them."""
+def vm_config(
+    spec: VmSpec, mapping_ids: Sequence[str], window: MmioWindow | None, numa: NumaPlan | None = None
+) -> dict[str, str]:
+    """The keys pvegpu converges (see the module docstring), values as Proxmox stores them; `numa` None:
+    one socket of `vm.cores`, no numaN (the flat layout)."""
     cpu = "host"
     if window is not None and spec.mmio == "phys-bits":
         cpu = f"host,phys-bits={window.phys_bits}"
@@ -55,6 +63,8 @@ def vm_config(spec: VmSpec, mapping_ids: Sequence[str], window: MmioWindow | Non
         "scsihw": "virtio-scsi-single",
         **desired_hostpci(mapping_ids),
     }
+    if numa is not None:
+        config |= numa.keys()
     if spec.hugepages is not None:
         config["hugepages"] = spec.hugepages
     if window is not None and spec.mmio == "args":
@@ -129,7 +139,7 @@ def diff_vm(
 ) -> VmChange:
     """What to PUT so `current` has `desired` (from vm_config); raises HostPciError for a taken slot.
 
-    - plain keys: compared as text (`16` == 16); `hugepages` is deleted when the spec has none;
+    - plain keys: compared as text (`16` == 16); `hugepages` and every `numaN` not in `desired` are deleted;
     - `args`: only pvegpu's part is compared and replaced;
     - `net0`: model and bridge compared, the MAC kept; `efidisk0`/`scsi0`: added when missing, else left;
     - a VM that is not Q35/OVMF yet (plan/convert.py): `machine`, `bios`, `efidisk0` and the `hostpciN`
@@ -153,6 +163,10 @@ def diff_vm(
         if now is None or str(now) != wanted:
             to_set[key] = wanted
     delete = ["hugepages"] if "hugepages" in current and "hugepages" not in desired else []
+    delete += sorted(
+        (key for key in current if NUMA_NODE_KEY.fullmatch(key) and key not in desired),
+        key=lambda k: int(k[4:]),
+    )
     if "hookscript" not in desired and is_pvegpu_hookscript(current.get("hookscript")):
         delete.append("hookscript")
     for key in ("efidisk0", "scsi0"):

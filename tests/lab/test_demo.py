@@ -37,16 +37,20 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         # cloud image downloaded, the user-data snippet, the pre-start hook, the VM created from the image,
         # its disk grown, started, its guest's host key recorded; no host driver to park, no i440FX VM to
         # convert); the guest is not in run 1's inventory (it did not exist when run 1 connected). Run 2
-        # changes 21 operations on the guest (driver, SGLang) and none on the node (its 14, plus the guest's
-        # already-present packages); the doctor changes nothing.
+        # changes 22 operations on the guest (driver, SGLang, NCCL's topology file) and none on the node (its
+        # 14, plus the guest's already-present packages); the doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
             ("14", "12", "-", "2"),
-            ("35", "21", "-", "14"),
+            ("36", "22", "-", "14"),
             ("-", "-", "-", "-"),
         ]
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output
         gpus = re.findall(r"^(gpu\d)  (\S+)  10de:2bb1 10de:204b .* passable$", output, re.MULTILINE)
         assert [gpu for gpu, _ in gpus] == [f"gpu{index}" for index in range(8)], output
+        assert (
+            f"[{name}v100] NCCL topology file of sglang.service: "
+            "NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml"
+        ) in output
         assert f"[{name}v100] NCCL transports of sglang.service (profile vm):" in output
     finally:
         subprocess.run(

@@ -271,7 +271,7 @@ def test_doctor_reports_mapping_health_after_bios_changes(
             )
         cfg = node.root / "etc/pve/mapping/pci.cfg"
         written = cfg.read_text()
-        subject = f"[{name}] PCI mappings of VM 100 (llm) on node {name}"
+        subject = f"[{name}] PCI mappings of VM 100 ({name}v100) on node {name}"
         rebuild = "`pyinfra inventory.py deploy/rebuild_vm.py`"
 
         def doctor() -> str:

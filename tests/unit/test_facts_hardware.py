@@ -48,7 +48,7 @@ from pvegpu.facts.hardware import (
     parse_resource_line,
     read_hardware_locally,
 )
-from pvegpu.models.hardware import Bar, HostHardware, Link, PciFunction
+from pvegpu.models.hardware import Bar, HostHardware, Link, NumaNode, PciFunction
 from tests.unit import realdata
 from tests.unit.pyinfra_local import local_state
 
@@ -203,6 +203,7 @@ VIRTIO_VM = HostHardware(
         virtio("0000:00:05.0", "1044", 0xFFFF00, 0x4000200000),
     ),
     iommu_present=False,
+    numa_nodes=(NumaNode(0, (0, 1)),),
 )
 
 
@@ -540,7 +541,11 @@ def _wrap(tools: Path, log: Path, name: str) -> None:
 
 @pytest.mark.parametrize(
     ("gpus", "expected"),
-    [(0, ["grep"]), (1, ["grep", "find", "find", "grep"]), (40, ["grep", "find", "find", "grep"])],
+    [
+        (0, ["grep", "grep"]),
+        (1, ["grep", "grep", "find", "find", "grep"]),
+        (40, ["grep", "grep", "find", "find", "grep"]),
+    ],
 )
 def test_processes_do_not_grow_with_devices(tmp_path: Path, gpus: int, expected: list[str]) -> None:
     """Only `find` and `grep` are external (the rest are sh builtins), each run once whatever the count."""
@@ -650,14 +655,14 @@ GARBLED = [
         "line 1: 'Last login: Mon' before the first section marker",
         id="noise-first",
     ),
-    pytest.param([*capture_lines(), "x"], "line 96: 'x' after the end marker", id="noise-after-end"),
+    pytest.param([*capture_lines(), "x"], "line 98: 'x' after the end marker", id="noise-after-end"),
     pytest.param(
         edited("#pvegpu:slots", "#pvegpu:bogus"),
         "line 2: unknown section marker '#pvegpu:bogus'",
         id="marker",
     ),
     pytest.param(
-        edited("#pvegpu:slots", None), "line 2: '#pvegpu:devices' where #pvegpu:slots belongs", id="order"
+        edited("#pvegpu:slots", None), "line 2: '#pvegpu:nodes' where #pvegpu:slots belongs", id="order"
     ),
     pytest.param(
         edited("0000:00:00.0/vendor:0x8086", "0000:00:00.0/vendor:0x80861"),
@@ -690,17 +695,17 @@ GARBLED = [
     ),
     pytest.param(
         edited("0000:00:05.0/numa_node:-1", "0000:00:05.0/numa_node:-1\n0000:00:05.0/numa_node:0"),
-        "0000:00:05.0: numa_node: more than one line (line 53)",
+        "0000:00:05.0: numa_node: more than one line (line 55)",
         id="duplicate",
     ),
     pytest.param(
         edited("0000:00:05.0/vendor:0x1af4", "0000:00:09.0/vendor:0x1af4"),
-        "line 22: '0000:00:09.0' is not in the device list",
+        "line 24: '0000:00:09.0' is not in the device list",
         id="unknown-device",
     ),
     pytest.param(
         edited("0000:00:05.0/vendor:0x1af4", "0000:00:05.0/color:blue"),
-        "line 22: expected '<address>/<attribute>:<value>', got '0000:00:05.0/color:blue'",
+        "line 24: expected '<address>/<attribute>:<value>', got '0000:00:05.0/color:blue'",
         id="unknown-attribute",
     ),
     pytest.param(
@@ -723,7 +728,7 @@ GARBLED = [
     ),
     pytest.param(
         edited("0000:00:02.0 ../../../devices/pci0000:00/0000:00:02.0", "0000:00:02.0"),
-        "line 6: expected '<address> <link target>', got '0000:00:02.0'",
+        "line 8: expected '<address> <link target>', got '0000:00:02.0'",
         id="truncated-device",
     ),
     pytest.param(
@@ -737,13 +742,37 @@ GARBLED = [
     ),
     pytest.param(
         edited("0000:00:01.0 driver ../../../bus/pci/drivers/virtio-pci", "0000:00:01.0 firmware x"),
-        "line 11: expected '<address> driver|iommu_group <target>', got '0000:00:01.0 firmware x'",
+        "line 13: expected '<address> driver|iommu_group <target>', got '0000:00:01.0 firmware x'",
         id="unknown-link",
     ),
     pytest.param(
-        edited("#pvegpu:devices", "bus/pci/slots/7/address:41:00\n#pvegpu:devices"),
+        edited("#pvegpu:nodes", "bus/pci/slots/7/address:41:00\n#pvegpu:nodes"),
         "line 3: expected 'bus/pci/slots/<name>/address:<DDDD:BB:DD>', got 'bus/pci/slots/7/address:41:00'",
         id="slot",
+    ),
+    pytest.param(
+        edited("devices/system/node/node0/cpulist:0-1", "devices/system/node/node0/cpumap:3"),
+        "line 4: expected 'devices/system/node/node<N>/cpulist:<list>', "
+        "got 'devices/system/node/node0/cpumap:3'",
+        id="node-file",
+    ),
+    pytest.param(
+        edited("devices/system/node/node0/cpulist:0-1", "devices/system/node/node0/cpulist:4-1"),
+        "line 4: node0 cpulist: ranges must ascend without overlap, got '4-1'",
+        id="node-range",
+    ),
+    pytest.param(
+        edited("devices/system/node/node0/cpulist:0-1", "devices/system/node/node0/cpulist:0-1,x"),
+        "line 4: node0 cpulist: expected a list like 0-31,64-95, got '0-1,x'",
+        id="node-list",
+    ),
+    pytest.param(
+        edited(
+            "devices/system/node/node0/cpulist:0-1",
+            "devices/system/node/node0/cpulist:0-1\ndevices/system/node/node0/cpulist:2",
+        ),
+        "line 5: NUMA node 0 listed twice",
+        id="node-twice",
     ),
 ]
 

@@ -19,6 +19,7 @@ from pvegpu.facts.nccl import (
     check_transports,
     parse_transports,
     summarize,
+    topology_file_lines,
 )
 from tests.unit.realdata import real_fixture
 
@@ -169,3 +170,18 @@ def test_error_unknown_transport_names_the_line() -> None:
     with pytest.raises(FactParseError) as caught:
         parse_transports(["x", "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/TELEPATHY"])
     assert str(caught.value) == "line 2: unknown NCCL transport 'P2P/TELEPATHY'"
+
+
+def test_topology_file_lines_once_each_in_order() -> None:
+    lines = [
+        "llm:4711:4711 [0] NCCL INFO NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml",
+        "llm:4712:4712 [1] NCCL INFO NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml",
+        "llm:4711:4711 [0] NCCL INFO Could not open XML topology file /etc/pvegpu/nccl-topo.xml : "
+        "No such file or directory",
+        "llm:4711:4711 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
+    ]
+    assert topology_file_lines(lines) == (
+        "NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml",
+        "Could not open XML topology file /etc/pvegpu/nccl-topo.xml : No such file or directory",
+    )
+    assert topology_file_lines(lines[3:]) == ()

@@ -62,6 +62,7 @@ def test_a_static_guest_with_its_key_joins(tmp_path: Path) -> None:
                 "ssh_key": str(tmp_path / "guest-keys/llm_login_ed25519"),
                 "ssh_known_hosts_file": str(tmp_path / "known_hosts"),
                 "ssh_strict_host_key_checking": "yes",
+                "guest_of": "pve1.example.net",
                 "node": {"name": "llm", "profile": "vm", "gpus": GPUS},
                 "sglang": {"served_model_name": "glm-5"},
             },

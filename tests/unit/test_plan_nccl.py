@@ -59,6 +59,14 @@ def test_vm_env_never_enables_p2p(reference: tuple[HostHardware, Topology]) -> N
     assert [setting.name for setting in plan.env] == ["NCCL_DEBUG"]
 
 
+def test_vm_guest_topology_file_is_pointed_at() -> None:
+    plan = plan_nccl("vm", None, infiniband=True, topo_file="/etc/pvegpu/nccl-topo.xml")
+    assert plan.env_file_lines()[2:4] == (
+        "# the GPUs' host NUMA nodes and PCIe links, which the VM hides (experimental until measured)",
+        "NCCL_TOPO_FILE=/etc/pvegpu/nccl-topo.xml",
+    )
+
+
 def test_create_baremetal_two_sockets_sys(reference: tuple[HostHardware, Topology]) -> None:
     hardware, topology = reference
     assert [gpu.numa_node for gpu in topology.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]

@@ -7,8 +7,9 @@ config; after a BIOS change the lab's reboot starts the `onboot` VM through the 
   installed and current;
 - reference (back), `self_heal: check`: the same renumbering is refused with the repair it would make;
   pci.cfg is not written;
-- reference-missing-gpu, `repair`: the VM stays down, the task log names the GPU, what changed and the fix
-  command; pci.cfg is byte for byte unchanged, also after a second start;
+- reference-missing-gpu, then reference-other-card (another model in slot 6), `repair`: the VM stays down,
+  the task log names the GPU, what changed and the fix command; pci.cfg is byte for byte unchanged, also
+  after a second start;
 - reference-renumbered, raced: another admin edits gpu0's mapping (a description, through the API) while the
   hook repairs it: the hook's write carries the digest it read, so it is refused, nothing is overwritten, the
   start fails saying so; the next start repairs and starts, the other admin's edit kept.
@@ -173,6 +174,28 @@ def test_bios_change_heals_check_refuses_missing_gpu_refuses(
         )
         assert cfg.read_bytes() == before
         lab_ssh(node, f"pvesh create /nodes/{name}/qemu/100/status/start")
+
+    other_card_is_refused(node, lab_ssh)
+
+
+def other_card_is_refused(node: hosts.LabHost, lab_ssh: Ssh) -> None:
+    """The missing card comes back (the mappings were never touched: the VM starts); then slot 6 holds
+    another model: the VM stays down, the hook names gpu5 and the fix, pci.cfg is not written."""
+    cfg = node.root / "etc/pve/mapping/pci.cfg"
+    retopo(node, "reference")
+    assert status(lab_ssh, node) == "running"
+    before = cfg.read_bytes()
+    retopo(node, "reference-other-card")
+    assert status(lab_ssh, node) == "stopped"
+    lines = pvegpu_lines(last_start_log(node))
+    gpu5 = [line for line in lines if line.startswith(f"pvegpu: gpu5 {node.name}: ")]
+    assert len(gpu5) == 1, lines
+    assert "another model" in gpu5[0], lines
+    assert lines[-1] == (
+        f"pvegpu: VM 100 not started: the GPUs of {node.name} changed, not only their numbers; check the "
+        f"hardware, then run: {FIX}"
+    )
+    assert cfg.read_bytes() == before
 
 
 # LAB TEST wrapper around the pvesh stand-in: on the first `pvesh set /cluster/mapping/pci/<id>` (the hook's

@@ -52,13 +52,14 @@ def q35_vm_role() -> None:
     storages_offer(api, spec)
     identity = None if spec.image is None else cloud_image(api, node.name, spec, pve.task_timeout_s)
     self_heal(api, node, spec)  # the hookscript exists before the VM's config names it
+    config, create = vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa), create_keys(spec)
     q35_conversion(  # an installed i440FX/SeaBIOS VM: moved only when its guest can boot on OVMF
         name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",
         api=api,
         node=node.name,
         vmid=spec.vmid,
-        config=vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa),
-        create=create_keys(spec),
+        config=config,
+        create=create,
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
     )
@@ -67,8 +68,8 @@ def q35_vm_role() -> None:
         api=api,
         node=node.name,
         vmid=spec.vmid,
-        config=vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa),
-        create=create_keys(spec),
+        config=config,
+        create=create,
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
     )

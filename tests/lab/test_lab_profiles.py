@@ -34,7 +34,8 @@ from lab.images import CATALOGUE, image_bytes
 from lab.pve import node as pve_node
 from pvegpu.facts.nvidia import parse_version_file
 from pvegpu.hook.bundle import BUNDLE_PATH
-from tests.lab.test_lab_faults import guest_reached
+from tests.lab.test_lab_faults import CONVERT, DISK, HOOK, IMAGE, KNOWN, SNIPPET, STORAGE, guest_reached
+from tests.lab.test_lab_vm import START, SYNC, VM
 
 pytestmark = pytest.mark.lab
 
@@ -91,17 +92,6 @@ CMDLINE = HOST + "Set the kernel command line tokens pvegpu owns"
 VFIO = HOST + "Bind GPU functions to vfio-pci at boot"
 NO_VFIO = HOST + "Remove the vfio binding and nvidia blacklist of the vm profile"
 REBOOT = HOST + "Reboot if the running kernel lacks the boot state, and verify"
-SYNC = "Sync the PCI mappings | Sync the PCI mappings with the live IOMMU groups"
-ROLE = "Create and start the Q35 VM | "
-STORAGE = ROLE + "Storage local offers import, snippets"
-IMAGE = ROLE + "The VM's cloud image is on the node"
-SNIPPET = ROLE + "The guest's cloud-init user-data is on the node"
-HOOK = ROLE + "The node's pre-start hookscript is installed"
-CONVERT = ROLE + "Convert an existing i440FX/SeaBIOS VM to Q35/OVMF"
-VM = ROLE + "Create or converge the Q35 VM"
-DISK = ROLE + "The VM's system disk has its size"
-START = ROLE + "Start the VM and wait until it runs"
-KNOWN = ROLE + "The guest's address and host key are known"
 PARK = "Stop the Q35 VM for a host-driver profile | Stop the VM and keep it from starting at boot"
 DRIVER_PARK = (
     "Park what the host-driver profiles left on the host | "

@@ -2,12 +2,13 @@
 
 Proxmox nodes and bare-metal hosts (`pve_nodes`, `baremetal_hosts`): GPU topology and host checks. Serving
 hosts (`vm_guests`, `lxc_guests`, `baremetal_hosts`): the NCCL transports the running SGLang service uses,
-checked against the profile's P2P expectation. Every other host is left alone.
+checked against the profile's P2P expectation; on a VM guest first NCCL's lines with and without its
+topology file (roles/nccl_doctor.py). Every other host is left alone.
 """
 
 from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import BAREMETAL_HOSTS, PVE_NODES, SERVING
 from roles.doctor import node_report
-from roles.sglang import nccl_transports
+from roles.nccl_doctor import nccl_transports
 
 dispatch("deploy/doctor.py", [((PVE_NODES, BAREMETAL_HOSTS), [node_report]), (SERVING, [nccl_transports])])

@@ -25,8 +25,10 @@ What the roles meet in the lab is what they meet on a real host, minus the paylo
   key at NVIDIA's keyring path). Every package says STAND-IN.
 - `<host>/srv/pvegpu-lab/wheels/`: `sglang-<pinned>+pvegpulab-py3-none-any.whl`, the stand-in launcher
   (lab/standins/sglang_serve.py) with the pinned option table, and the stand-in serving benchmark
-  (lab/standins/sglang_bench.py) as `sglang.benchmark.serving`; `pip install --no-index --find-links` takes
-  it for `sglang==<pinned>` (a local version label matches the public pin).
+  (lab/standins/sglang_bench.py) as `sglang.benchmark.serving`, and beside it the stand-in `torch`
+  (lab/standins/torch_standin.py: what pvegpu's P2P probe uses; the real wheel pulls torch in);
+  `pip install --no-index --find-links` takes it for `sglang==<pinned>` (a local version label matches the
+  public pin).
 - `<host>/etc/pvegpu-lab/nvidia.env`: where the stand-ins find the host's fake sysfs (`SYSFS_ROOT`, the
   host's `sysfs_root`) and the module version file (`VERSION_FILE`, `VERSION_FILE` below).
 
@@ -273,7 +275,8 @@ def _build(out: Path) -> None:
 
 
 def _wheel(out: Path) -> None:
-    """A pure-python wheel: package `sglang` (the stand-in + option table), console script `sglang`."""
+    """A pure-python wheel: package `sglang` (the stand-in + option table), console script `sglang`, and
+    the stand-in `torch` package."""
     dist = f"sglang-{WHEEL_VERSION}.dist-info"
     files = {
         "sglang/__init__.py": (
@@ -282,6 +285,7 @@ def _wheel(out: Path) -> None:
         "sglang/cli.py": (STANDINS / "sglang_serve.py").read_text(),
         "sglang/benchmark/__init__.py": '"""pvegpu lab STAND-IN for sglang.benchmark."""\n',
         "sglang/benchmark/serving.py": (STANDINS / "sglang_bench.py").read_text(),
+        "torch/__init__.py": (STANDINS / "torch_standin.py").read_text(),
         "sglang/options.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_options.json").read_text(),
         "sglang/deprecated.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_deprecated.json").read_text(),
         f"{dist}/METADATA": (

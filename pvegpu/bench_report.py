@@ -1,5 +1,6 @@
 """The benchmark's reports on the operator's machine: a table, a PNG plot (throughput and latency against
-concurrency, matplotlib's Agg backend) and a history line per run.
+concurrency, matplotlib's Agg backend) and a history line per run; per host, the comparison of the latest
+run of each VM speed setting (`compare.md`, `compare.png`), rewritten after every run.
 
 Kept apart from `pvegpu.plan.bench` so that only the bench deploy pays matplotlib's import.
 """
@@ -12,7 +13,21 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pvegpu.plan.bench import BenchRow, history_line, parse_results, results_table
+from pvegpu.plan.bench import (
+    BASELINE,
+    BenchRow,
+    HistoryRun,
+    SpeedSettings,
+    change,
+    compared_runs,
+    comparison_table,
+    history_line,
+    levels_of,
+    parse_history,
+    parse_results,
+    results_table,
+    throughput,
+)
 from pvegpu.plan.errors import PlanError
 
 WIDTH_IN, HEIGHT_IN, DPI = 10.0, 4.0, 100
@@ -47,10 +62,51 @@ def plot_png(rows: Sequence[BenchRow], title: str = "SGLang serving benchmark") 
     return buffer.getvalue()
 
 
-def write_reports(local: Path, host_name: str, run_id: str, history: Path) -> None:
-    """Write `<run>.md` (table) and `<run>.png` (plot) beside the JSONL `local`; add a line to `history`."""
+def comparison_png(host: str, runs: Sequence[HistoryRun]) -> bytes:
+    """One panel per concurrency level: a bar of output tokens/s per setting (from `compared_runs`), labelled
+    with its change against the baseline (grey bar). Deterministic; PlanError without runs."""
+    if not runs:
+        raise PlanError("no labelled benchmark runs to compare")
+    base = next((run for run in runs if run.settings == BASELINE), None)
+    levels = levels_of(runs)
+    figure = Figure(figsize=(WIDTH_IN, HEIGHT_IN), dpi=DPI)
+    names = [_short(run.settings) for run in runs]
+    for axes, level in zip(figure.subplots(1, len(levels), squeeze=False)[0], levels, strict=True):
+        values = [throughput(run, level) or 0.0 for run in runs]
+        colors = ["C7" if run is base else "C0" for run in runs]
+        bars = axes.bar(range(len(runs)), values, color=colors)
+        if base is not None:
+            baseline = throughput(base, level)
+            axes.bar_label(
+                bars,
+                labels=[
+                    "baseline" if run is base else change(throughput(run, level), baseline) for run in runs
+                ],
+            )
+        axes.set_xticks(range(len(runs)), names, fontsize="small")
+        axes.set(title=f"concurrency {level}", ylabel="output tokens/s")
+        axes.margins(y=0.12)  # room for the labels above the bars
+        axes.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(f"What each VM speed setting bought: {host}")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _short(settings: SpeedSettings | None) -> str:
+    assert settings is not None  # compared_runs keeps labelled runs only
+    return f"numa {settings.numa}\ntopo {settings.topo_file}\np2p {settings.p2p}"
+
+
+def write_reports(local: Path, host_name: str, run_id: str, history: Path, settings: SpeedSettings) -> None:
+    """Write `<run>.md` (table) and `<run>.png` (plot) beside the JSONL `local`; add a line to `history`;
+    rewrite `compare.md` and `compare.png` beside `local` from the whole history of `host_name`."""
     rows = parse_results(local.read_text().splitlines())
-    local.with_suffix(".md").write_text(results_table(host_name, run_id, rows))
+    local.with_suffix(".md").write_text(results_table(host_name, run_id, rows, settings))
     local.with_suffix(".png").write_bytes(plot_png(rows))
     with history.open("a") as out:
-        out.write(history_line(host_name, run_id, rows))
+        out.write(history_line(host_name, run_id, rows, settings))
+    runs = compared_runs(host_name, parse_history(history.read_text().splitlines()))
+    local.with_name("compare.md").write_text(comparison_table(host_name, runs))
+    local.with_name("compare.png").write_bytes(comparison_png(host_name, runs))

@@ -77,12 +77,12 @@ def ensure_key_pair(private_key: Path) -> tuple[str, str]:
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         ).decode()
         private_key.parent.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
-        _write_atomically(private_key, text, _PRIVATE_MODE)
+        write_atomically(private_key, text, _PRIVATE_MODE)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     line = public.decode()
     public_file = private_key.with_name(private_key.name + ".pub")
     if not public_file.exists() or public_file.read_text() != line + "\n":
-        _write_atomically(public_file, line + "\n", _PUBLIC_MODE)
+        write_atomically(public_file, line + "\n", _PUBLIC_MODE)
     return text, line
 
 
@@ -110,7 +110,7 @@ def record_known_host(known_hosts: Path | str, address: str, public_key: str) ->
     if wanted != lines:
         mode = known_hosts.stat().st_mode & 0o777 if known_hosts.exists() else _PUBLIC_MODE
         known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(known_hosts, "".join(f"{line}\n" for line in wanted), mode)
+        write_atomically(known_hosts, "".join(f"{line}\n" for line in wanted), mode)
 
 
 def record_address(private_key: Path, address: str) -> None:
@@ -118,7 +118,7 @@ def record_address(private_key: Path, address: str) -> None:
     ipaddress.ip_address(address)
     path = address_file(private_key)
     if not path.exists() or path.read_text() != f"{address}\n":
-        _write_atomically(path, f"{address}\n", _PUBLIC_MODE)
+        write_atomically(path, f"{address}\n", _PUBLIC_MODE)
 
 
 def recorded_address(private_key: Path) -> str | None:
@@ -184,7 +184,8 @@ def _names_address(name: str, address: str) -> bool:
         return False
 
 
-def _write_atomically(path: Path, text: str, mode: int) -> None:
+def write_atomically(path: Path, text: str, mode: int) -> None:
+    """`text` into `path` on this machine: a temporary file beside it with `mode`, synced, renamed."""
     temp = path.with_name(f".{path.name}.pvegpu-new")
     descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:

@@ -12,7 +12,7 @@ from weakref import WeakKeyDictionary
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
-from pvegpu.facts.cpu import CpuAndKernel
+from pvegpu.facts.cpu import cpu_kernel_of
 from pvegpu.facts.hardware import hardware_of
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.specs import host_specs
@@ -30,7 +30,7 @@ def plan_of(target: Host) -> NodePlan:
         groups = frozenset(target.groups)
         observed = NodeObserved(
             hardware=hardware_of(target, specs.node.sysfs_root),
-            cpu_kernel=target.get_fact(CpuAndKernel) if PVE_NODES in groups else None,
+            cpu_kernel=cpu_kernel_of(target) if PVE_NODES in groups else None,
         )
         plan = plans[target.name] = plan_node(target.name, specs, groups, observed)
     return plan

@@ -8,7 +8,8 @@ Backends (`connect_https`, `connect_ssh`, `connect_local`):
   option to skip verification.
 - `ssh`: proxmoxer's paramiko session runs `pvesh` on the node. The host key must already be known
   (system known_hosts or `known_hosts`): an unknown key is refused, never added. TCP_NODELAY is set on
-  its socket (pvegpu.ssh_nodelay).
+  its socket (pvegpu.ssh_nodelay). A connection that is gone (the node rebooted) is re-established before
+  the next call.
 - `local`: proxmoxer's local session runs `pvesh` on this node.
 
 The command backends build the `pvesh` argv here rather than through proxmoxer's flattening, which sends a
@@ -20,8 +21,10 @@ UPID, and exits 0 even when the task failed (shared/knowledge/proxmox-api-behavi
 Every API failure raises `PveError` carrying Proxmox's status and message verbatim and the endpoint it came
 from (`PUT /cluster/mapping/pci/gpu0`); `PveError.line` says both in one line. An answer that is not the
 API's (an HTML page, cut-off or unparsable JSON, JSON of the wrong shape) raises `PveResponseError` naming
-the endpoint and the answer's first line. A write that returns nothing proves nothing: pvesh prints the
-handler's own lines there (`update VM 100: -cores 4`), so callers read back what they wrote.
+the endpoint and the answer's first line. A connection lost under a sent call raises
+`PveConnectionLostError`; a read (GET) is sent once more first, a write never (`resent_if_read`). A write
+that returns nothing proves nothing: pvesh prints the handler's own lines there (`update VM 100: -cores 4`),
+so callers read back what they wrote.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from proxmoxer.backends.local import LocalSession
 from proxmoxer.backends.ssh_paramiko import SshParamikoSession
 from requests.adapters import HTTPAdapter
 from requests.exceptions import RequestException
+from urllib3.exceptions import ProtocolError
 
 from pvegpu.models.pve import (
     GuestConfig,
@@ -58,6 +62,7 @@ from pvegpu.wait import WaitTimeoutError, wait_until
 
 _LOG = logging.getLogger(__name__)
 Method = Literal["GET", "POST", "PUT", "DELETE"]
+_R = TypeVar("_R")
 Value = str | int | bool | Sequence[str]
 Params = Mapping[str, Value | None]
 
@@ -127,6 +132,23 @@ class PveConnectionError(PveError):
 
     def __init__(self, message: str) -> None:
         super().__init__(0, message)
+
+
+class PveConnectionLostError(PveConnectionError):
+    """The connection ended after the call was sent: it may have run. A read (GET) is sent once more
+    (`resent_if_read`); a write is not: callers read back what they wrote."""
+
+
+def resent_if_read(method: Method, send: Callable[[], _R]) -> _R:
+    """`send()`; for a GET, once more when the connection was lost under it. A read changes nothing, so
+    sending it again is safe, and a node going down (a reboot) between the check that the connection is up
+    and the answer costs no failed run. A write is never sent twice: it may have run."""
+    try:
+        return send()
+    except PveConnectionLostError:
+        if method != "GET":
+            raise
+        return send()
 
 
 class TaskFailedError(PveError):
@@ -223,7 +245,8 @@ class CommandTransport:
     sudo: bool = False
 
     def __call__(self, method: Method, path: str, params: Params) -> object:
-        stdout, stderr, exit_code = self.runner(pvesh_argv(method, path, params, sudo=self.sudo))
+        argv = pvesh_argv(method, path, params, sudo=self.sudo)
+        stdout, stderr, exit_code = resent_if_read(method, lambda: self.runner(argv))
         return parse_pvesh_output(stdout, stderr, exit_code)
 
 
@@ -261,7 +284,7 @@ class _KnownHostsSession(SshParamikoSession):
 
         The connection is re-established first when it is gone (a reboot of the node drops it), and once
         more when opening the channel fails: the command was not sent then. A connection lost after it was
-        sent raises PveConnectionError (it may have run: callers read back what they wrote)."""
+        sent raises PveConnectionLostError (it may have run: callers read back what they wrote)."""
         where = f"ssh {self.user}@{self.host}:{self.port}"
         try:
             channel = self._channel()
@@ -271,15 +294,17 @@ class _KnownHostsSession(SshParamikoSession):
                 channel = self._channel()
             except (paramiko.SSHException, EOFError, OSError) as error:
                 raise PveConnectionError(f"{where}: {error or type(error).__name__}") from None
+        lost = f"{where}: connection lost after the command was sent"
         try:
             channel.exec_command(shlex.join(argv))
             stdout = channel.makefile("rb", -1).read().decode()
             stderr = channel.makefile_stderr("rb", -1).read().decode()
-            return stdout, stderr, channel.recv_exit_status()
+            exit_code = channel.recv_exit_status()
         except (paramiko.SSHException, EOFError, OSError) as error:
-            raise PveConnectionError(
-                f"{where}: connection lost after the command was sent: {error or type(error).__name__}"
-            ) from None
+            raise PveConnectionLostError(f"{lost}: {error or type(error).__name__}") from None
+        if exit_code == -1 and _connection_ended(channel.get_transport()):
+            raise PveConnectionLostError(f"{lost}: no exit status") from None
+        return stdout, stderr, exit_code
 
     def _channel(self) -> paramiko.Channel:
         transport = self.ssh_client.get_transport()
@@ -292,12 +317,25 @@ class _KnownHostsSession(SshParamikoSession):
         return channel
 
     def _reconnect(self) -> None:
+        _LOG.debug("Reconnecting to %s@%s:%s: the connection is gone", self.user, self.host, self.port)
         self.ssh_client.close()
         try:
             self.ssh_client = self._connect()
         except (paramiko.SSHException, OSError) as error:
             where = f"ssh {self.user}@{self.host}:{self.port}"
             raise PveConnectionError(f"{where}: reconnecting: {error}") from None
+
+
+_TRANSPORT_END_S = 2.0
+
+
+def _connection_ended(transport: paramiko.Transport) -> bool:
+    """Whether the SSH connection under a channel that closed without an exit status has ended. Such a close
+    is either the connection's end or a command killed by a signal (OpenSSH then sends `exit-signal`, which
+    paramiko does not read); paramiko's transport thread closes the channels first and ends just after
+    when the connection is gone, so it is given a moment."""
+    transport.join(_TRANSPORT_END_S)
+    return not transport.is_active()
 
 
 def connect_ssh(
@@ -363,13 +401,23 @@ class HttpsTransport:
     def __call__(self, method: Method, path: str, params: Params) -> object:
         values = {key: _form(value) for key, value in params.items() if value is not None}
         call = getattr(self.api(path.lstrip("/")), method.lower())  # get/post/put/delete
-        try:
-            data = call(**values)
-        except ResourceException as error:
-            errors = error.errors if isinstance(error.errors, dict) else None
-            raise PveError(int(error.status_code), str(error.content), errors) from None
-        except RequestException as error:
-            raise PveConnectionError(f"{self.api._store['base_url']}: {error}") from None
+
+        def send() -> object:
+            try:
+                return call(**values)
+            except ResourceException as error:
+                errors = error.errors if isinstance(error.errors, dict) else None
+                raise PveError(int(error.status_code), str(error.content), errors) from None
+            except RequestException as error:
+                where = self.api._store["base_url"]
+                # urllib3 reopens a kept-alive connection the server closed (a restart, a reboot) before
+                # it sends; a connection reset or closed under a sent request is "aborted" (ProtocolError).
+                if isinstance(error.args[0] if error.args else None, ProtocolError):
+                    lost = f"{where}: connection lost after the call was sent: {error}"
+                    raise PveConnectionLostError(lost) from None
+                raise PveConnectionError(f"{where}: {error}") from None
+
+        data = resent_if_read(method, send)
         # proxmoxer's JSON serializer answers a body that is not JSON with {"errors": <the body>}.
         if isinstance(data, dict) and set(data) == {"errors"} and isinstance(data["errors"], bytes | str):
             raw = data["errors"]
@@ -524,6 +572,20 @@ class PveClient:
         `checksum mismatch (file change by other user?)`. `delete` removes keys."""
         params = {**values, "delete": ",".join(delete) or None, "digest": digest}
         self._write("PUT", f"/nodes/{node}/qemu/{vmid}/config", params)
+
+    def unlock_vm(self, node: str, vmid: int, digest: str) -> None:
+        """`PUT …/qemu/{vmid}/config` with `delete=lock`, `skiplock=1` and the GET's `digest`: what `qm
+        unlock` does. Only root@pam may (`skiplock: Only root may use this option.`)."""
+        params: Params = {"delete": "lock", "skiplock": True, "digest": digest}
+        self._write("PUT", f"/nodes/{node}/qemu/{vmid}/config", params)
+
+    def destroy_vm(self, node: str, vmid: int) -> str:
+        """`DELETE /nodes/{node}/qemu/{vmid}` with `destroy-unreferenced-disks=1` (also the volumes named for
+        `vmid` that its config does not list: what a killed create allocated) and `purge=1` (out of backup
+        and replication jobs, HA); returns the UPID. A running VM is refused (`VM 100 is running - destroy
+        failed`); a locked one fails the task (`VM is locked (create)`)."""
+        params: Params = {"destroy-unreferenced-disks": True, "purge": True}
+        return self._task("DELETE", f"/nodes/{node}/qemu/{vmid}", params)
 
     def start_vm(self, node: str, vmid: int) -> str:
         """`POST …/status/start`; returns the UPID. A failed start (e.g. an invalid mapping) still returns

@@ -1,6 +1,8 @@
 """bench: SGLang's serving benchmark on the serving host at each concurrency level, results fetched and
 reported on the operator's machine: `<results_dir>/<host>/<run>.jsonl` (the tool's own output),
-`<run>.md` (table), `<run>.png` (plot), and one line per run in `<results_dir>/history.jsonl`.
+`<run>.md` (table), `<run>.png` (plot), and one line per run in `<results_dir>/history.jsonl`, labelled with
+the VM speed settings in force (`pvegpu.plan.bench.SpeedSettings`, read from the serving host before the run);
+`<results_dir>/<host>/compare.md|.png` compare the latest run of each setting on that host.
 
 Not idempotent by nature: every run measures again and adds a run to the history.
 """
@@ -10,14 +12,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, python
 
 from pvegpu.bench_report import write_reports
-from pvegpu.models.specs import host_specs
+from pvegpu.facts.nccl import topology_file_read, uses_p2p
+from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
+from pvegpu.host_plan import plan_of
 from pvegpu.operations.bench import serving_benchmark
-from pvegpu.plan.bench import bench_argv
+from pvegpu.plan.bench import SpeedSettings, bench_argv, speed_settings
+from pvegpu.plan.p2p import RECORD_PATH, parse_record
 from pvegpu.plan.sglang_service import probe_host
 
 REMOTE_DIR = "/var/lib/pvegpu/bench"
@@ -26,8 +33,10 @@ REMOTE_DIR = "/var/lib/pvegpu/bench"
 @deploy("Benchmark SGLang")
 def bench() -> None:
     """One benchmark run per concurrency level, then fetch and report."""
-    specs = host_specs(host.data)
+    specs = plan_of(host).specs
     spec, sglang = specs.bench, specs.sglang
+    settings = _settings_in_force()
+    logger.info(f"{host.print_prefix}benchmark settings in force: {settings.describe()}")
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     remote = f"{REMOTE_DIR}/{run_id}.jsonl"
     results = Path(spec.results_dir).resolve()
@@ -52,4 +61,20 @@ def bench() -> None:
         host_name=host.name,
         run_id=run_id,
         history=results / "history.jsonl",
+        settings=settings,
+    )
+
+
+def _settings_in_force() -> SpeedSettings:
+    """The run's label, from the serving host as it is now: its NUMA nodes (the hardware fact), what the
+    running service's NCCL logged (its topology file, its transports) and the P2P probe's record."""
+    records = host.get_fact(SglangNcclChannels)
+    said = host.get_fact(SglangNcclTopologyFile)
+    record = host.get_fact(FileContents, path=RECORD_PATH)
+    return speed_settings(
+        numa_nodes=len(plan_of(host).hardware.numa_nodes),
+        nccl_logged=bool(records),
+        topo_file_read=topology_file_read(said),
+        p2p_in_use=uses_p2p(records),
+        p2p_record=parse_record("\n".join(record or ())),
     )

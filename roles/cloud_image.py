@@ -21,6 +21,7 @@ from pvegpu.operations.cloud_image import image_downloaded, snippet_file
 from pvegpu.operations.guest_known import GuestIdentity
 from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.plan.cloud_init import image_volid, made_by_cloud_init, snippet_name, static_address, user_data
+from pvegpu.plan.guest_leftovers import left_by_a_create
 from pvegpu.pve import PveClient, PveError
 from roles.snippets import snippets_directory
 
@@ -34,6 +35,10 @@ def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> Gu
     known_hosts = Path(str(host.data.get("ssh_known_hosts_file")))  # required with vm.image (inventory)
     volid = image_volid(spec)
     current = _config(api, node, spec.vmid)
+    if current is not None and left_by_a_create(current.values):
+        current = (
+            None  # no VM yet: q35_vm makes it again (the leftover of pvegpu's dead create) or reports it
+        )
     if current is not None and not made_by_cloud_init(current.values, spec):
         return None
     if current is None:

@@ -19,11 +19,13 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
+from pvegpu.create_records import ledger_beside
 from pvegpu.facts.boot import PveVersion
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, NvidiaDeviceNodes
 from pvegpu.facts.nvidia import NvidiaModule
 from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
+from pvegpu.models.inventory import KNOWN_HOSTS_KEY
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
 from pvegpu.operations.pve_guest import CT, guest_running
 from pvegpu.plan.errors import PlanError
@@ -69,6 +71,7 @@ def lxc_gpu() -> None:
         config=container_config(spec, devices),
         create=create_keys(spec),
         timeout_s=timeout_s,
+        ledger=ledger_beside(host.data.get(KNOWN_HOSTS_KEY), plan.specs.pve.api_user),
     )
     lxc_raw_lines(
         name="Write the raw lxc lines (devices before Proxmox 8.1, /dev/shm)",

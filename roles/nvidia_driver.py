@@ -17,27 +17,30 @@ operations are collected, before any host is changed.
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host
-from pyinfra.facts.server import KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from pvegpu.host_plan import plan_of
+from pvegpu.host_state import state_of
 from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
 from pvegpu.operations.render import render
+from pvegpu.operations.state import file_content, packages, service
 from pvegpu.plan.driver import (
     DEVICES_SERVICE,
     DEVICES_UNIT,
     KERNEL_PACKAGES,
     MODULES_LOAD,
+    NOUVEAU_DROP_IN,
+    PERSISTENCED,
+    PREFERENCES,
     Placement,
     apt_source_line,
     cuda_distro,
+    cuda_list_path,
     driver_packages,
     flavour_problems,
     keyring_url,
@@ -45,16 +48,14 @@ from pvegpu.plan.driver import (
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
 
-NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
-PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
-
 
 @deploy("Install the NVIDIA driver")
 def nvidia_driver(placement: Placement = "guest") -> None:
     """CUDA repository, pinned packages for `placement`, then what the placement needs (module docstring)."""
     plan = plan_of(host)
     node, driver = plan.specs.node, plan.specs.driver
-    release = host.get_fact(LinuxDistribution)["release_meta"]
+    observed = state_of(host)
+    release = observed.os_release
     try:
         problems = flavour_problems(driver, node.gpus.ids)
         if problems:
@@ -67,7 +68,7 @@ def nvidia_driver(placement: Placement = "guest") -> None:
     cuda_repository(
         name="Add NVIDIA's CUDA apt repository",
         source_line=apt_source_line(driver, distro),
-        list_path=f"/etc/apt/sources.list.d/cuda-{distro}-x86_64.list",
+        list_path=cuda_list_path(distro),
         keyring_url=keyring_url(driver, distro),
     )
     preferences = render(
@@ -76,20 +77,20 @@ def nvidia_driver(placement: Placement = "guest") -> None:
         container=container,
         kernel_packages=KERNEL_PACKAGES,
     )
-    files.put(
+    file_content(
         name=f"Pin NVIDIA's driver packages to {driver.version}"
         + (", no kernel module" if container else ""),
-        src=StringIO(preferences),
-        dest=PREFERENCES,
+        content=preferences,
+        path=PREFERENCES,
         mode="644",
     )
     what = "userspace (no kernel module)" if container else "driver with its kernel module (dkms)"
-    packages = apt.packages(
+    installed = packages(
         name=f"Install the {driver.flavour} NVIDIA {what} {driver.version}",
-        packages=list(driver_packages(driver, placement, host.get_fact(KernelVersion))),
+        packages=driver_packages(driver, placement, observed.kernel),
         no_recommends=container,
     )
-    installing = packages.will_change
+    installing = installed.will_change
     # The device unit makes a node per GPU the host has (from the topology: `node.gpus.count` may be unset).
     gpus = len(plan.topology.gpus) if placement == "pve-host" else 0
     unit = None if container else _module_side(placement, gpus)
@@ -114,10 +115,10 @@ def nvidia_driver(placement: Placement = "guest") -> None:
 def _module_side(placement: Placement, gpus: int) -> OperationMeta | None:
     """nouveau off (initramfs refreshed), persistence on; on a Proxmox host the modules and the device unit
     for boot (returned: its write, which decides a reload and a rerun)."""
-    blacklist = files.put(
+    blacklist = file_content(
         name="Blacklist nouveau",
-        src=StringIO(render("nvidia_driver/modprobe-pvegpu-nouveau.conf.j2")),
-        dest=NOUVEAU_DROP_IN,
+        content=render("nvidia_driver/modprobe-pvegpu-nouveau.conf.j2"),
+        path=NOUVEAU_DROP_IN,
         mode="644",
     )
     server.shell(
@@ -125,24 +126,19 @@ def _module_side(placement: Placement, gpus: int) -> OperationMeta | None:
         commands=["update-initramfs -u -k all"],
         _if=any_changed(blacklist),
     )
-    systemd.service(
-        name="Enable and start nvidia-persistenced",
-        service="nvidia-persistenced.service",
-        running=True,
-        enabled=True,
-    )
+    service(name="Enable and start nvidia-persistenced", service=PERSISTENCED, running=True, enabled=True)
     if placement != "pve-host":
         return None
-    files.put(
+    file_content(
         name="Load the NVIDIA modules at boot",
-        src=StringIO(render("nvidia_driver/modules-load-pvegpu-nvidia.conf.j2")),
-        dest=MODULES_LOAD,
+        content=render("nvidia_driver/modules-load-pvegpu-nvidia.conf.j2"),
+        path=MODULES_LOAD,
         mode="644",
     )
-    return files.put(
+    return file_content(
         name=f"Write {DEVICES_SERVICE} (device nodes before guests start)",
-        src=StringIO(render("nvidia_driver/pvegpu-nvidia-devices.service.j2", gpus=gpus)),
-        dest=DEVICES_UNIT,
+        content=render("nvidia_driver/pvegpu-nvidia-devices.service.j2", gpus=gpus),
+        path=DEVICES_UNIT,
         mode="644",
     )
 
@@ -151,10 +147,8 @@ def _device_nodes(gpus: int, unit: OperationMeta, installing: bool) -> None:
     """The device unit enabled and run once the module is loaded (rerun when it changed), then every node
     checked."""
     systemd.daemon_reload(name="Reload systemd units", _if=any_changed(unit))
-    systemd.service(
-        name=f"Enable and run {DEVICES_SERVICE}", service=DEVICES_SERVICE, running=True, enabled=True
-    )
-    systemd.service(
+    service(name=f"Enable and run {DEVICES_SERVICE}", service=DEVICES_SERVICE, running=True, enabled=True)
+    service(
         name=f"Rerun {DEVICES_SERVICE} after its change",
         service=DEVICES_SERVICE,
         restarted=True,

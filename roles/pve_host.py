@@ -13,8 +13,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.facts.boot import BootLoader
-from pvegpu.facts.pvegpu_boot import PvegpuBootFiles
+from pvegpu.facts.node_boot import NodeBoot
 from pvegpu.host_plan import plan_of
 from pvegpu.models.boot import BootLoaderKind
 from pvegpu.operations.cmdline import cmdline_tokens
@@ -31,8 +30,7 @@ def pve_host() -> None:
     if plan.problem is not None or plan.host is None:
         raise OperationError(f"{host.name}: {plan.problem}")
     node, spec, profile = plan.specs.node, plan.specs.host, plan.host
-    boot = host.get_fact(BootLoader)
-    files = host.get_fact(PvegpuBootFiles)
+    boot, files = host.get_fact(NodeBoot)
     owned = files.grub_tokens if boot.kind is BootLoaderKind.GRUB else files.owned_tokens
 
     cmdline_tokens(

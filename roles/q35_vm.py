@@ -6,7 +6,8 @@ The MMIO window is sized from the node's GPUs' BARs (plan/mmio.py); `vm.mmio = a
 is refused up front for any other API user. Starting is refused while the GPUs' functions are not bound
 to vfio-pci on the node. With `vm.image` the VM gets its OS from a cloud image (roles/cloud_image.py); its
 system disk is grown to `vm.disk.size_gib` and, once started, its guest must answer with the SSH host key
-pvegpu gave it before the run goes on.
+pvegpu gave it before the run goes on. Last, GPU peer-to-peer in the VM as `vm.p2p` says (the clique parts of
+`args`, the probe through the guest agent: pvegpu/operations/p2p.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
+from pvegpu.create_records import ledger_beside
+from pvegpu.facts.cpu import cpu_kernel_of
 from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
+from pvegpu.models.inventory import KNOWN_HOSTS_KEY
 from pvegpu.operations.cloud_image import disk_grown
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
+from pvegpu.operations.p2p import guest_venv, p2p_clique
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import mmio_refusal
+from pvegpu.plan.p2p import clique_args, plan_cliques
 from pvegpu.plan.vm import create_keys, unbound_functions, vm_config
 from roles.cloud_image import cloud_image
 from roles.self_heal import self_heal
@@ -52,7 +58,8 @@ def q35_vm_role() -> None:
     storages_offer(api, spec)
     identity = None if spec.image is None else cloud_image(api, node.name, spec, pve.task_timeout_s)
     self_heal(api, node, spec)  # the hookscript exists before the VM's config names it
-    config, create = vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa), create_keys(spec)
+    clique = clique_args(plan_cliques(topology, cpu_kernel_of(host).vendor))
+    config, create = vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa, clique), create_keys(spec)
     q35_conversion(  # an installed i440FX/SeaBIOS VM: moved only when its guest can boot on OVMF
         name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",
         api=api,
@@ -72,6 +79,8 @@ def q35_vm_role() -> None:
         create=create,
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
+        ledger=ledger_beside(host.data.get(KNOWN_HOSTS_KEY), pve.api_user),
+        keep_clique=spec.p2p == "probe",
     )
     disk_grown(
         name="The VM's system disk has its size",
@@ -101,6 +110,18 @@ def q35_vm_role() -> None:
             node=node.name,
             vmid=spec.vmid,
             mac=None,
+            timeout_s=pve.task_timeout_s,
+        )
+    if spec.p2p != "off":  # `off`: pvegpu's clique parts leave with the VM's config above
+        p2p_clique(
+            name="GPU peer-to-peer in the VM (vm.p2p)",
+            api=api,
+            node=node.name,
+            vmid=spec.vmid,
+            mode=spec.p2p,
+            clique=clique,
+            venv=guest_venv(host),
+            probe_timeout_s=spec.p2p_probe_timeout_s,
             timeout_s=pve.task_timeout_s,
         )
 

@@ -13,28 +13,28 @@ service keeps running). The keys reach SGLang through systemd credentials and a 
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.facts.files import FileContents
+from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.facts.cpu import CpuAndKernel
-from pvegpu.facts.nccl import check_transports, summarize
-from pvegpu.facts.secret_files import SecretFiles
-from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
+from pvegpu.facts.cpu import cpu_kernel_of
 from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.host_plan import plan_of
+from pvegpu.host_state import PVEGPU_ETC, PVEGPU_LIB, sglang_home, state_of
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
+from pvegpu.operations.state import directory, file_content, packages, service, system_group, system_user
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
+from pvegpu.plan.p2p import RECORD_PATH as P2P_RECORD
+from pvegpu.plan.p2p import guest_uses_p2p, parse_record
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
 from pvegpu.plan.sglang_service import (
     ENV_FILE,
@@ -45,7 +45,6 @@ from pvegpu.plan.sglang_service import (
     exec_start,
     exec_start_pre,
     key_file_problems,
-    key_files,
     probe_host,
 )
 
@@ -75,12 +74,12 @@ def sglang() -> None:
             infiniband=has_infiniband(hardware),
             overrides=spec.env,
             topo_file=TOPO_FILE if topo is not None else None,
+            p2p=node.profile == "vm" and _guest_p2p(),
         )
         argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
-        paths = tuple(path for _, path, _ in key_files(spec))
         problems = (
             *profile_problems(node.profile, spec),
-            *key_file_problems(spec, host.get_fact(SecretFiles, paths=paths)),
+            *key_file_problems(spec, dict(state_of(host).secrets)),
         )
         if problems:
             # Before any operation: a bad key never stops (nor restarts) a running service.
@@ -88,23 +87,22 @@ def sglang() -> None:
     except PlanError as error:
         raise OperationError(f"{host.name}: {error}") from None
 
-    server.group(name="Add the SGLang system group", group=spec.user, system=True)
-    server.user(
+    system_group(name="Add the SGLang system group", group=spec.user)
+    system_user(
         name="Add the SGLang system user",
         user=spec.user,
         group=spec.user,
-        system=True,
-        home=f"/var/lib/{spec.user}",
+        home=sglang_home(spec.user),
         shell="/usr/sbin/nologin",
     )
-    apt.packages(name="Install Python's venv support", packages=["python3-venv"])
+    packages(name="Install Python's venv support", packages=["python3-venv"])
     venv = sglang_venv(
         name=f"Install SGLang {SGLANG_VERSION} into {spec.venv}",
         venv=spec.venv,
         version=SGLANG_VERSION,
         pip_args=spec.pip_args,
     )
-    files.directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
+    directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
     if spec.model_repo is not None:
         model_download(
             name=f"Download {spec.model_repo}",
@@ -114,16 +112,16 @@ def sglang() -> None:
             user=spec.user,
             token_file=spec.hf_token_file,
         )
-    files.directory(name="Create /etc/pvegpu", path="/etc/pvegpu", mode="755")
-    files.directory(name="Create /usr/local/lib/pvegpu", path="/usr/local/lib/pvegpu", mode="755")
+    directory(name=f"Create {PVEGPU_ETC}", path=PVEGPU_ETC, mode="755")
+    directory(name=f"Create {PVEGPU_LIB}", path=PVEGPU_LIB, mode="755")
     topo_file = None
     if topo is not None:
         topo_file = nccl_topo_file(
             name="Write NCCL's topology file (the GPUs' host NUMA nodes and links)", content=topo.xml
         )
-    script = files.put(
+    script = file_content(
         name="Write the script that gives SGLang its keys from systemd credentials",
-        src=StringIO(
+        content=(
             render(
                 "sglang/sglang-secrets.py.j2",
                 user=spec.user,
@@ -131,14 +129,12 @@ def sglang() -> None:
                 options=[name for name, _ in credentials(spec)],
             )
         ),
-        dest=SECRETS_SCRIPT,
-        user="root",
-        group="root",
+        path=SECRETS_SCRIPT,
         mode="644",
     )
-    env = files.put(
+    env = file_content(
         name="Write the service environment (NCCL settings with their reasons)",
-        src=StringIO(
+        content=(
             render(
                 "sglang/sglang.env.j2",
                 profile=node.profile,
@@ -146,14 +142,12 @@ def sglang() -> None:
                 lines=nccl.env_file_lines(),
             )
         ),
-        dest=ENV_FILE,
-        user="root",
-        group="root",
+        path=ENV_FILE,
         mode="600",
     )
-    unit = files.put(
+    unit = file_content(
         name="Write sglang.service",
-        src=StringIO(
+        content=(
             render(
                 "sglang/sglang.service.j2",
                 sglang_version=SGLANG_VERSION,
@@ -167,22 +161,20 @@ def sglang() -> None:
                 exec_start=exec_start(spec, argv),
             )
         ),
-        dest=UNIT_FILE,
+        path=UNIT_FILE,
         mode="644",
     )
     changes = [unit, env, venv, script, *([topo_file] if topo_file is not None else [])]
     systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
     # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
     # finds it running: one start on a first run, one restart after a change, none otherwise.
-    systemd.service(
+    service(
         name="Start or restart SGLang (its unit, environment or venv changed)",
         service=SERVICE,
         restarted=True,
         _if=any_changed(*changes),
     )
-    started = systemd.service(
-        name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True
-    )
+    started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
     sglang_ready(
         name="Wait for /health and /v1/models",
         python=f"{spec.venv}/bin/python",
@@ -210,27 +202,19 @@ def _guest_nccl_topo() -> NcclTopo | None:
         )
         return None
     node_plan = plan_of(node_host)
-    vendor = node_host.get_fact(CpuAndKernel).vendor
+    vendor = cpu_kernel_of(node_host).vendor
     return plan_nccl_topo(node_plan.topology, node_plan.hardware, plan_of(host).hardware, vendor)
 
 
-@deploy("Report the NCCL transports SGLang uses")
-def nccl_transports() -> None:
-    """Read-only (for deploy/doctor.py): the transport per rank pair from the running service's NCCL log,
-    and a warning for each pair that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P). On a
-    VM guest, first what NCCL said of its topology file: the transports that follow were chosen with it (or,
-    with `sglang.env.NCCL_TOPO_FILE` emptied, without it: compare the two runs)."""
-    plan = plan_of(host)
-    node, single_node = plan.specs.node, plan.specs.sglang.nnodes == 1
-    if node.profile == "vm":
-        said = host.get_fact(SglangNcclTopologyFile)
-        logger.info(
-            f"{host.print_prefix}NCCL topology file of {SERVICE}: "
-            + ("; ".join(said) or "none named (NCCL read the VM's flat PCI tree)")
-        )
-    records = host.get_fact(SglangNcclChannels)
-    pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
-    if pairs:
-        logger.info(f"{host.print_prefix}NCCL transports of {SERVICE} (profile {node.profile}):\n{pairs}")
-    for warning in check_transports(node.profile, records, single_node=single_node):
-        logger.warning(f"{host.print_prefix}{warning}")
+def _guest_p2p() -> bool:
+    """Whether this VM guest's NCCL plan uses P2P (pvegpu/plan/p2p.py `guest_uses_p2p`): its node's `vm.p2p`
+    (the node in this run's inventory; else SHM) and the probe's record in the guest."""
+    name = host.data.get(GUEST_OF_KEY)
+    node_host = host.state.inventory.get_host(str(name), None) if name else None
+    vm = None if node_host is None else plan_of(node_host).specs.vm
+    if vm is None or vm.p2p == "off":
+        return False
+    lines = host.get_fact(FileContents, path=P2P_RECORD)
+    uses = guest_uses_p2p(vm.p2p, parse_record("\n".join(lines) if lines else None))
+    logger.info(f"{host.print_prefix}vm.p2p {vm.p2p}: NCCL plan {'P2P' if uses else 'SHM'}")
+    return uses

@@ -31,6 +31,14 @@ fake running state, from the files the bootloader, modprobe and systemd would re
   "boot" and, after it, the ones with `onboot: 1` are started as pve-guests.service starts them, through the
   API's start (`pvesh create /nodes/<node>/qemu/<vmid>/status/start`): the VM's pre-start hookscript, then
   Proxmox's mapping check. A start that fails leaves its VM down, its task log saying why.
+- SSH: the node going down ends every SSH connection to it, as a real reboot does. First of all (before any
+  new state is visible), every sshd process below the node's sshd listener (the per-connection ones) is
+  killed (SIGKILL), so every client holding a connection (pyinfra's, pvegpu's API session, any other) sees
+  it dropped. The listener stays, as if it were back at once. Before that the stand-in leaves its caller's
+  session and process group and ignores SIGHUP, so that the end of the connection that started it (pvegpu
+  starts it detached, `( sleep 1 && reboot ) &`) does not end it too. A connection that waits for the
+  stand-in itself (`ssh node reboot`, the lab's own callers) is spared, so that its caller gets the exit
+  status. The closed connections' client addresses go into the log line (`ssh-closed=`).
 
 Settings come from /etc/pvegpu-lab/boot.json (layout, sysfs_root, cmdline_path, kernel image names). Each
 reboot appends one line to /var/log/pvegpu-lab/reboot.log.
@@ -38,12 +46,16 @@ reboot appends one line to /var/log/pvegpu-lab/reboot.log.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from contextlib import suppress
 from pathlib import Path
 
 CONFIG = Path("/etc/pvegpu-lab/boot.json")
@@ -287,7 +299,106 @@ def start_onboot_vms(node: str) -> list[str]:
     return started
 
 
+SSHD_NAMES = ("sshd", "sshd-session", "sshd-auth")  # OpenSSH 9.8+ runs a connection as sshd-session
+PROC = Path("/proc")
+_CLOSE_TIMEOUT_S = 5.0
+
+
+def _stat(pid: int, proc: Path) -> list[str]:
+    # /proc/<pid>/stat: `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    return (proc / str(pid) / "stat").read_text().rpartition(")")[2].split()
+
+
+def _parent(pid: int, proc: Path) -> int:
+    return int(_stat(pid, proc)[1])
+
+
+def _processes(proc: Path) -> dict[int, tuple[str, int]]:
+    """{pid: (comm, parent pid)} of every process still there while it is read."""
+    found = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            pid = int(entry.name)
+            try:
+                found[pid] = ((entry / "comm").read_text().strip(), _parent(pid, proc))
+            except (OSError, IndexError, ValueError):
+                continue  # it ended meanwhile
+    return found
+
+
+def ssh_connection_processes(proc: Path = PROC) -> list[int]:
+    """The pids of every sshd process below an sshd listener (the per-connection processes), except the
+    connection this process runs under (its ancestors)."""
+    processes = _processes(proc)
+    ancestors, pid = set(), os.getpid()
+    while pid in processes and pid not in ancestors:
+        ancestors.add(pid)
+        pid = processes[pid][1]
+    sshd = {pid for pid, (comm, _) in processes.items() if comm in SSHD_NAMES}
+    below = [pid for pid in sshd if processes[pid][1] in sshd]
+    return sorted(pid for pid in below if pid not in ancestors)
+
+
+def _tcp_peers(proc: Path) -> dict[str, str]:
+    """{socket inode: `address:port` of the remote end} of this network namespace's TCP sockets."""
+    peers = {}
+    for table in ("tcp", "tcp6"):
+        path = proc / "net" / table
+        for line in path.read_text().splitlines()[1:] if path.is_file() else []:
+            fields = line.split()
+            address, port = fields[2].split(":")
+            # The kernel prints each 32-bit word of the address in host (little-endian) order.
+            raw = b"".join(bytes.fromhex(address[i : i + 8])[::-1] for i in range(0, len(address), 8))
+            ip = ipaddress.ip_address(raw)
+            shown = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+            peers[fields[9]] = f"{shown}:{int(port, 16)}"
+    return peers
+
+
+def _peers_of(pids: list[int], proc: Path) -> list[str]:
+    peers = _tcp_peers(proc)
+    found = set()
+    for pid in pids:
+        with suppress(OSError):
+            for fd in (proc / str(pid) / "fd").iterdir():
+                with suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:[") and target[8:-1] in peers:
+                        found.add(peers[target[8:-1]])
+    return sorted(found)
+
+
+def close_ssh_connections(proc: Path = PROC) -> list[str]:
+    """End every SSH connection to the node but the caller's (module docstring); the clients' addresses."""
+    pids = ssh_connection_processes(proc)
+    peers = _peers_of(pids, proc)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + _CLOSE_TIMEOUT_S
+    while any(_running(pid, proc) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a process that exited (a zombie, until reaped) has closed its sockets
+    return peers
+
+
+def _running(pid: int, proc: Path) -> bool:
+    try:
+        return _stat(pid, proc)[0] != "Z"
+    except OSError:
+        return False
+
+
+def detach() -> None:
+    """Leave the caller's session and process group: the connection that started the stand-in ending
+    (its own or the one it closes) must not end the stand-in with it."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with suppress(OSError):
+        os.setsid()  # refused when already a group leader: the parent's hangup is ignored then
+
+
 def main() -> int:
+    detach()
+    closed = close_ssh_connections()
     node = str(json.loads(PVE_CONFIG.read_text())["node"]) if PVE_CONFIG.is_file() else ""
     stopped = stop_vms(node) if node else []
     config = json.loads(CONFIG.read_text())
@@ -309,6 +420,7 @@ def main() -> int:
             + f" nvidia={module or '-'} {DEVICE_UNIT}={unit}"
             + (f" vms-stopped={','.join(stopped)}" if stopped else "")
             + (f" vms-started={','.join(started)}" if started else "")
+            + (f" ssh-closed={','.join(closed)}" if closed else "")
             + "\n"
         )
     return 0

@@ -8,15 +8,16 @@ pvegpu makes, the way `pvesh` does (shared/knowledge/proxmox-api-behaviour.md is
 
 - success: compact JSON with sorted keys + "\\n" on stdout (nothing for calls that return null); handler
   output (qemu PUT's `update VM ...`, task output) comes first;
-- async calls (VM create, start, stop, shutdown) run to completion, then print their UPID; a failed task
-  prints its error on stderr and still exits 0; `GET /nodes/{node}/tasks/{upid}/status` reads the log,
-  which the worker writes as it runs: a worker killed mid-way (pvesh killed) leaves a log without a
+- async calls (VM create, destroy, start, stop, shutdown) run to completion, then print their UPID; a
+  failed task prints its error on stderr and still exits 0; `GET /nodes/{node}/tasks/{upid}/status` reads
+  the log, which the worker writes as it runs: a worker killed mid-way (pvesh killed) leaves a log without a
   `TASK ...` line, its status is then `stopped` with exitstatus `unexpected status`, as in Proxmox;
   `GET /nodes/{node}/tasks` lists the tasks (newest first; `vmid`, `typefilter`, `source`, `limit`);
 - a VM/CT create writes the stub config `lock: create` before its worker runs, and the worker replaces it
   with the final config; every write and start refuses a locked guest (`VM is locked (create)`) until the
   lock is removed (`qm unlock <vmid>` / `pct unlock <vmid>` on a real node; in the lab: `pvesh set
-  .../config --delete lock --skiplock 1`);
+  .../config --delete lock --skiplock 1`); `DELETE /nodes/{node}/qemu/{vmid}` (task `qmdestroy`:
+  `skiplock`, `purge`, `destroy-unreferenced-disks`) destroys a VM and its volumes (`destroy_qemu`);
 - errors: `400 Parameter verification failed.` + one `<param>: <msg>` line each + the usage line; plain
   `die` texts; `Unknown option: <name>`; `No '<cmd>' handler defined for '<path>'` (exit 1); else exit 255.
 - storage (pve-storage): `GET /storage` (`type`), `GET /storage/{storage}` (with `digest`), `PUT
@@ -111,7 +112,8 @@ pvesh - the pvegpu lab's STAND-IN for Proxmox VE's pvesh (not Proxmox; see /usr/
 USAGE: pvesh <get|set|create|delete> <api_path> [OPTIONS] [--output-format json|json-pretty]
 
 Endpoints: /version, /cluster/mapping/pci[/{id}], /storage[/{storage}], /nodes/{node}/qemu,
-/nodes/{node}/qemu/{vmid}/config, /nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},
+/nodes/{node}/qemu/{vmid} (delete), /nodes/{node}/qemu/{vmid}/config,
+/nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},
 /nodes/{node}/qemu/{vmid}/resize,
 /nodes/{node}/qemu/{vmid}/agent/{network-get-interfaces|get-fsinfo|file-read|file-write|exec|exec-status},
 /nodes/{node}/storage/{storage}/{content|download-url},
@@ -1983,6 +1985,52 @@ def create_qemu(call: Call) -> Json:
     return run_task(call, "qmcreate", vmid, worker)
 
 
+def destroy_qemu(call: Call) -> Json:
+    """API2/Qemu.pm destroy_vm (task `qmdestroy`): the VM must exist, be unprotected and stopped (checked
+    before the task and again in it); the task refuses a locked VM without `skiplock` (`VM is locked
+    (<lock>)`: QemuServer::destroy_vm's check_lock), frees every volume its config (and pending section)
+    names that it owns (not cdroms; its cloud-init drive is freed), with `destroy-unreferenced-disks` also
+    every `vm-<vmid>-*` volume of an enabled storage, then removes the config. `skiplock` is root@pam's
+    only (`Only root may use this option.`): pvesh runs as root@pam, so it is always allowed here."""
+    settings = call.settings
+    vmid = call.path_params["vmid"]
+
+    def early_checks() -> GuestConfig:
+        conf = _load_guest(call, "qemu")
+        if parse_boolean(conf.main.get("protection", "0")):
+            raise DieError(f"can't remove VM {vmid} - protection mode enabled\n")
+        if _is_running(call):
+            raise DieError(f"VM {vmid} is running - destroy failed\n")
+        return conf
+
+    early_checks()
+
+    def worker(emit: Callable[[str], None]) -> None:
+        with locked(settings):
+            conf = early_checks()
+            if "lock" in conf.main and not call.params.get("skiplock"):
+                raise DieError(f"VM is locked ({conf.main['lock']})\n")
+            for values in (conf.main, conf.pending):
+                for key in [k for k in values if DRIVE_KEY.fullmatch(k) or re.fullmatch(r"unused\d+", k)]:
+                    drive = Drive.parse(values[key])
+                    if (drive.is_cdrom and not drive.is_cloudinit) or not VOLUME_ID.fullmatch(drive.file):
+                        continue
+                    volume = parse_volume(settings, drive.file)
+                    if volume.vmid == vmid:
+                        settings.path(volume.file).unlink(missing_ok=True)
+            if call.params.get("destroy-unreferenced-disks"):
+                for storage in _storage_state(settings)[0]:
+                    if parse_boolean(storage.options.get("disable", "0")) or "images" not in storage.content:
+                        continue
+                    for image in _list_images(settings, storage, vmid):
+                        settings.path(parse_volume(settings, image["volid"]).file).unlink(missing_ok=True)
+            if call.params.get("purge"):
+                emit(f"purging VM {vmid} from related configurations..")
+            _guest_path(call, "qemu").unlink()
+
+    return run_task(call, "qmdestroy", vmid, worker)
+
+
 def get_qemu_config(call: Call) -> Json:
     if "snapshot" in call.params and call.params.get("current"):
         message = "cannot use 'snapshot' parameter with 'current'"
@@ -2764,6 +2812,15 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
             {"vmid": VMID_P},
             create_qemu,
             extra=_qemu_extra,
+        ),
+    ),
+    (
+        "delete",
+        r"nodes/(?P<node>[^/]+)/qemu/(?P<vmid>[^/]+)",
+        Endpoint(
+            "DELETE",
+            {"skiplock": BOOL, "purge": BOOL, "destroy-unreferenced-disks": BOOL},
+            destroy_qemu,
         ),
     ),
     (

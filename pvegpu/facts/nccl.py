@@ -13,7 +13,8 @@ every format NCCL has printed (knowledge: linux-sysfs-lspci-nvidia-nccl-formats.
 
 `topology_file_lines(lines)` keeps NCCL's lines about `NCCL_TOPO_FILE` (its ENV subsystem, logged by
 default): `NCCL INFO NCCL_TOPO_FILE set by environment to <path>` and `NCCL INFO Could not open XML topology
-file <path> : <error>`.
+file <path> : <error>` (`NCCL WARN` before NCCL 2.2x); `topology_file_read` says whether they show NCCL
+read the file.
 
 `summarize` folds records per (source rank, destination rank); `check_transports` compares them with
 what the profile expects (`vm`: SHM only, P2P is not supported; `lxc`/`baremetal`: P2P) and returns warnings.
@@ -42,10 +43,11 @@ _SHM = re.compile(r"SHM/(?:direct|CE)(?:/(?:direct|CE))?|direct shared memory")
 _NET = re.compile(r"NET/[^/\s]+/\d+\S*")
 
 
-# NCCL's ENV lines about its topology file (topo.cc ncclTopoGetSystem, xml.cc ncclTopoGetXmlFromFile).
+# NCCL's ENV lines about its topology file (topo.cc ncclTopoGetSystem, xml.cc ncclTopoGetXmlFromFile: the
+# failed open is a WARN before NCCL 2.2x's INFO(NCCL_GRAPH|NCCL_ENV)).
 _TOPO_FILE = re.compile(
-    r"NCCL INFO (?P<text>NCCL_TOPO_FILE set by environment to \S+"
-    r"|Could not open XML topology file \S+ : .+?)\s*$"
+    r"NCCL INFO (?P<set>NCCL_TOPO_FILE set by environment to \S+)\s*$"
+    r"|NCCL (?:INFO|WARN) (?P<failed>Could not open XML topology file \S+ : .+?)\s*$"
 )
 
 
@@ -135,8 +137,20 @@ def topology_file_lines(lines: Iterable[str]) -> tuple[str, ...]:
     for line in lines:
         match = _TOPO_FILE.search(line)
         if match:
-            found.setdefault(match["text"], None)
+            found.setdefault(match["set"] or match["failed"], None)
     return tuple(found)
+
+
+def topology_file_read(said: Sequence[str]) -> bool:
+    """Whether NCCL read its topology file, from `topology_file_lines`: it named one and did not fail to open
+    it (an empty `NCCL_TOPO_FILE` names none: NCCL then reads the PCI tree it sees)."""
+    named = any(line.startswith("NCCL_TOPO_FILE set by environment to ") for line in said)
+    return named and not any(line.startswith("Could not open XML topology file ") for line in said)
+
+
+def uses_p2p(records: Sequence[ChannelTransport]) -> bool:
+    """Whether NCCL moves data GPU to GPU (P2P) between any two ranks."""
+    return any(record.transport is Transport.P2P for record in records)
 
 
 def summarize(records: Sequence[ChannelTransport]) -> tuple[PairTransport, ...]:

@@ -20,7 +20,7 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
+from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
 
 GPU_QUERY = "index,name,pci.bus_id,driver_version"
 _MODULE = re.compile(
@@ -88,51 +88,6 @@ class NvidiaModule(FactBase[LoadedModule | None]):
     @override
     def process(self, output: list[str]) -> LoadedModule | None:
         return parse_version_file(output)
-
-
-class NvidiaGpus(FactBase[NvidiaSmi]):
-    """nvidia-smi's GPU list (`NvidiaSmi`); its message as `error` when it fails or is not installed."""
-
-    @staticmethod
-    def default() -> NvidiaSmi:
-        return parse_nvidia_smi([])
-
-    @override
-    def command(self) -> str:
-        return nvidia_smi_command()
-
-    @override
-    def process(self, output: list[str]) -> NvidiaSmi:
-        return parse_nvidia_smi(output)
-
-
-def parse_apt_source(lines: Sequence[str]) -> AptSource:
-    """`keyring yes|no`, then `list` and the list file's lines (absent: no `list` line). Pure."""
-    if not lines or lines[0] not in ("keyring yes", "keyring no"):
-        raise FactParseError(f"CUDA apt source: expected 'keyring yes|no' first, got {list(lines[:1])!r}")
-    content = "".join(f"{line}\n" for line in lines[2:]) if lines[1:2] == ["list"] else None
-    return AptSource(keyring=lines[0] == "keyring yes", content=content)
-
-
-class CudaAptSource(FactBase[AptSource]):
-    """Whether `keyring` exists and what `list_path` holds (None when absent)."""
-
-    @override
-    def command(self, keyring: str, list_path: str) -> StringCommand:
-        return StringCommand(
-            "if test -f",
-            QuoteString(keyring),
-            "; then echo 'keyring yes'; else echo 'keyring no'; fi;",
-            "if test -f",
-            QuoteString(list_path),
-            "; then echo list; cat",
-            QuoteString(list_path),
-            "; fi",
-        )
-
-    @override
-    def process(self, output: list[str]) -> AptSource:
-        return parse_apt_source(output)
 
 
 def char_devices_command(paths: Sequence[str]) -> str:

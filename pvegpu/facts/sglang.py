@@ -1,8 +1,10 @@
 """The SGLang service's host-side state: the version in its venv, and whether its HTTP API answers.
 
-`SglangVenv(venv)` -> `VenvState`; `SglangProbe(python, base_url, key_file)` -> `Probe`;
+`VERSION_SCRIPT` prints the venv's sglang version (`parse_venv` -> `VenvState`; run by
+`pvegpu.facts.guest_state`, the host's one state read); `SglangProbe(python, base_url, key_file)` -> `Probe`;
 `SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`);
-`SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log.
+`SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log;
+`SglangNcclRuns()` -> those lines of every run still in the journal, by run (`pvegpu.facts.nccl_journal`).
 The probe is one Python process on the host (urllib): `GET /health`, then `GET /v1/models` with
 `Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it). Parsing is pure
 (`parse_venv`, `parse_probe`; the NCCL lines: `parse_transports`).
@@ -19,9 +21,10 @@ from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.nccl import ChannelTransport, parse_transports, topology_file_lines
+from pvegpu.facts.nccl_journal import NcclRuns, parse_nccl_runs
 
 PACKAGE = "sglang"
-_VERSION_SCRIPT = (
+VERSION_SCRIPT = (
     "import importlib.metadata as m\n"
     "try:\n    print('version', m.version('sglang'))\n"
     "except m.PackageNotFoundError:\n    print('version none')\n"
@@ -94,32 +97,6 @@ def probe_command(python: str, base_url: str, key_file: str | None) -> StringCom
     )
 
 
-class SglangVenv(FactBase[VenvState]):
-    """The venv at `venv`: whether its python exists and which sglang it holds."""
-
-    @staticmethod
-    def default() -> VenvState:
-        return parse_venv([])
-
-    @override
-    def command(self, venv: str) -> StringCommand:
-        python = f"{venv}/bin/python"
-        return StringCommand(
-            "!",
-            "test",
-            "-x",
-            QuoteString(python),
-            "||",
-            QuoteString(python),
-            "-c",
-            QuoteString(_VERSION_SCRIPT),
-        )
-
-    @override
-    def process(self, output: list[str]) -> VenvState:
-        return parse_venv(output)
-
-
 class SglangProbe(FactBase[Probe]):
     """Whether SGLang at `base_url` answers /health and /v1/models (`key_file`: the API key on the host)."""
 
@@ -136,10 +113,18 @@ class SglangProbe(FactBase[Probe]):
         return parse_probe(output)
 
 
-# The `NCCL INFO` lines of the service's current run (its systemd invocation).
+# The `NCCL INFO`/`NCCL WARN` lines of the service's current run (its systemd invocation).
 _NCCL_INFO_COMMAND = (
     'journalctl -u sglang.service -o cat --no-pager _SYSTEMD_INVOCATION_ID="'
-    "$(systemctl show -p InvocationID --value sglang.service)\" 2>/dev/null | grep -F 'NCCL INFO' || true"
+    '$(systemctl show -p InvocationID --value sglang.service)" 2>/dev/null '
+    "| grep -E 'NCCL (INFO|WARN)' || true"
+)
+# Every run's transport and topology-file lines still in the journal, tagged with its invocation (JSON).
+_NCCL_RUNS_COMMAND = (
+    'echo "current $(systemctl show -p InvocationID --value sglang.service 2>/dev/null)"; '
+    "journalctl -u sglang.service -o json --output-fields=_SYSTEMD_INVOCATION_ID,MESSAGE --no-pager "
+    "2>/dev/null | grep -E "
+    "'NCCL INFO (Channel|Ring) [0-9]|NCCL INFO NCCL_TOPO_FILE |NCCL (INFO|WARN) Could not open XML' || true"
 )
 
 
@@ -174,3 +159,20 @@ class SglangNcclTopologyFile(FactBase[tuple[str, ...]]):
     @override
     def process(self, output: list[str]) -> tuple[str, ...]:
         return topology_file_lines(output)
+
+
+class SglangNcclRuns(FactBase[NcclRuns]):
+    """NCCL's transport and topology-file lines of every run of the service still in its journal, grouped by
+    run (`pvegpu.facts.nccl_journal`): the doctor's with and without the topology file."""
+
+    @override
+    def command(self) -> str:
+        return _NCCL_RUNS_COMMAND
+
+    @staticmethod
+    def default() -> NcclRuns:
+        return NcclRuns(current=None)
+
+    @override
+    def process(self, output: list[str]) -> NcclRuns:
+        return parse_nccl_runs(output)

@@ -35,11 +35,3 @@ class NvidiaSmi:
 
     gpus: tuple[NvidiaGpu, ...]
     error: str | None
-
-
-@dataclass(frozen=True)
-class AptSource:
-    """The CUDA repository's apt state: the cuda-keyring key is installed; the source list's content."""
-
-    keyring: bool
-    content: str | None

@@ -261,6 +261,24 @@ class VmSpec(BaseModel):
         ),
     )
 
+    p2p: Literal["off", "probe", "on"] = Field(
+        default="off",
+        description=(
+            "GPU peer-to-peer inside the VM (experimental until measured on real hardware; "
+            "pvegpu/plan/p2p.py): `off` the SHM plan; `probe` sets the GPUs' `x-nv-gpudirect-clique`, "
+            "restarts the VM and runs a probe in the guest's SGLang venv, keeping P2P only when every pair, "
+            "checksum and all-reduce check passes and P2P beats SHM (else the clique is removed again); "
+            "`on` the clique without a probe (every run warns)."
+        ),
+    )
+    p2p_probe_timeout_s: StrictInt = Field(
+        default=600,
+        ge=10,
+        description=(
+            "Time bound of the P2P probe in the guest (`vm.p2p: probe`): a probe still running then is "
+            "killed and counts as a hang."
+        ),
+    )
     image: Image | None = Field(
         default=None,
         description=(

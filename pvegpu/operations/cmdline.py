@@ -33,13 +33,15 @@ from pvegpu.facts.pvegpu_boot import (
     BootFiles,
 )
 from pvegpu.models.boot import BootLoaderInfo, BootLoaderKind
-from pvegpu.operations.files import write_file
+from pvegpu.operations.files import regenerate, write_file
 from pvegpu.operations.render import render
 from pvegpu.plan.cmdline import booted_base, cmdline_damage, edit_cmdline, lacking, unsafe_cmdline
 
 GRUB_TEMPLATE = "pve_host/grub-pvegpu.cfg.j2"
 # As update-grub reads the drop-in: sourced by /bin/sh.
 GRUB_SYNTAX_CHECK = "sh -n"
+UPDATE_GRUB = regenerate("update-grub", GRUB_CFG)
+REFRESH_ESPS = regenerate("proxmox-boot-tool refresh", "the ESPs' loader entries")
 
 
 @operation()
@@ -75,7 +77,7 @@ def _grub(tokens: tuple[str, ...], files: BootFiles) -> Generator[StringCommand,
         logger.info(f"{host.print_prefix}{GRUB_CFG} {stale}: running update-grub")
     else:
         yield write_file(GRUB_DROPIN, wanted, check=GRUB_SYNTAX_CHECK)
-    yield StringCommand("update-grub")
+    yield UPDATE_GRUB
 
 
 def _grub_cfg_stale(tokens: tuple[str, ...], files: BootFiles) -> str | None:
@@ -126,7 +128,7 @@ def _systemd_boot(
     elif stale is not None:
         logger.info(f"{host.print_prefix}{stale}: running proxmox-boot-tool refresh")
     if rewrite or stale is not None:
-        yield StringCommand("proxmox-boot-tool", "refresh")
+        yield REFRESH_ESPS
 
 
 def _restored(current: str, backup: str | None, base: tuple[str, ...]) -> str:

@@ -22,7 +22,7 @@ from pyinfra.context import host
 
 from pvegpu.models.guest_boot import GuestBoot, GuestFilesystem
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
-from pvegpu.operations.pve_guest import VM, Guest
+from pvegpu.operations.pve_guest import VM, Guest, locked
 from pvegpu.plan.convert import (
     OS_RELEASE,
     Conversion,
@@ -33,7 +33,7 @@ from pvegpu.plan.convert import (
     os_id,
     plan_conversion,
 )
-from pvegpu.plan.guest_leftovers import unfinished
+from pvegpu.plan.guest_leftovers import left_by_a_create
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm
 from pvegpu.pve import PveClient, PveError
@@ -56,13 +56,15 @@ def q35_conversion(
     guest shows it can boot that way; else raise OperationError with the steps to take. Noop when the VM
     does not exist (q35_vm creates it) or is Q35/OVMF already."""
     guest = Guest(VM, api, node, vmid)
-    current = guest.read_config()
+    current = guest.read_config(refuse_locked=False)
     if current is None:
         host.noop(f"VM {vmid} does not exist on {node}: nothing to convert")
         return
-    if unfinished(current.values):  # a killed create's leftover, not an installed VM: q35_vm reports it
+    if left_by_a_create(current.values):  # not an installed VM: q35_vm makes it again or reports it
         host.noop(f"VM {vmid} on {node} was never completely created: nothing to convert")
         return
+    if "lock" in current.values:
+        raise OperationError(locked(guest, str(current.values["lock"])))
     legacy = legacy_firmware(current.values)
     if not legacy:
         host.noop(f"VM {vmid} on {node} is Q35/OVMF: nothing to convert")

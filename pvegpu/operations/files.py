@@ -5,6 +5,9 @@ Every managed file is written atomically: the content goes to a temporary file i
 leaves at most one), which gets its mode and owner, is synced, read back (sha256) and optionally checked,
 then renamed over the target, and the directory is synced. A cut or a failure at any point leaves the old
 file as it was; the command then fails with a line naming the path.
+
+The tools that generate boot files from them (update-grub, proxmox-boot-tool refresh, update-initramfs) run
+through `regenerate`: a tool that fails or is killed fails the command with a line naming the tool.
 """
 
 from __future__ import annotations
@@ -60,4 +63,16 @@ def install_staged(path: str, sha256: str, *, mode: str = "0644", owner: str = "
         "&&", "mv", "-f", temp, QuoteString(path),
         "&&", "sync", QuoteString(posixpath.dirname(path)), ";", "}",
         "||", "{", "rm", "-f", temp, ";", "echo", QuoteString(failure), ">&2", ";", "exit", "1", ";", "}",
+    )  # fmt: skip
+
+
+def regenerate(command: str, generated: str) -> StringCommand:
+    """Run `command`, a tool that generates `generated` from pvegpu's files. When it fails or is killed, the
+    command fails with its exit status and the line `pvegpu: COMMAND failed (exit N); the next run checks
+    GENERATED and runs it again` (the operations decide the refresh from the generated state)."""
+    failure = f"pvegpu: {command} failed (exit %s); the next run checks {generated} and runs it again\n"
+    return StringCommand(
+        *command.split(),
+        "||", "{", "rc=$?", ";", "printf", QuoteString(failure), '"$rc"', ">&2", ";",
+        "exit", '"$rc"', ";", "}",
     )  # fmt: skip

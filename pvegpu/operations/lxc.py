@@ -17,6 +17,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from pvegpu.create_records import CreateLedger
 from pvegpu.operations.pve_guest import CT, Guest, converge
 from pvegpu.plan.lxc import diff_container, raw_of, version_drift
 from pvegpu.pve import PveClient
@@ -33,9 +34,11 @@ def lxc_container(
     config: Mapping[str, str],
     create: Mapping[str, str],
     timeout_s: float,
+    ledger: CreateLedger | None = None,
 ) -> Generator[FunctionCommand, None, None]:
     """Create container `vmid` with `config` + `create` when absent, else PUT the keys that differ and
-    delete the `devN` entries not in `config` (with the read's digest)."""
+    delete the `devN` entries not in `config` (with the read's digest). `ledger`: pvegpu's records of its
+    creates (`converge`)."""
     devices = sum(1 for key in config if key.startswith("dev"))
     yield from converge(
         Guest(CT, api, node, vmid),
@@ -43,6 +46,7 @@ def lxc_container(
         diff=lambda current: diff_container(config, current),
         unchanged=f"CT {vmid} on {node} has its config: {devices} device entries",
         timeout_s=timeout_s,
+        ledger=ledger,
     )
 
 

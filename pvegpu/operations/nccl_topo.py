@@ -12,8 +12,8 @@ from collections.abc import Generator
 from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Sha256File
 
+from pvegpu.host_state import state_of
 from pvegpu.operations.files import write_file
 from pvegpu.plan.nccl_topo import TOPO_FILE
 
@@ -21,7 +21,7 @@ from pvegpu.plan.nccl_topo import TOPO_FILE
 @operation()
 def nccl_topo_file(*, content: str, path: str = TOPO_FILE) -> Generator[StringCommand]:
     """`content` at `path` (its directory must exist); noop when the file already has it."""
-    if host.get_fact(Sha256File, path=path) == hashlib.sha256(content.encode()).hexdigest():
+    if state_of(host).path(path).sha256 == hashlib.sha256(content.encode()).hexdigest():
         host.noop(f"{path} already describes the host's GPU layout")
         return
     yield write_file(path, content)

@@ -1,32 +1,31 @@
 """NVIDIA driver operations: the CUDA apt repository, the loaded kernel module (reboot), verification.
 
-Package installation, the nouveau drop-in and nvidia-persistenced use pyinfra's own `apt`, `files` and
-`systemd` operations (roles/nvidia_driver.py); these cover what pyinfra has no operation for.
+They decide from the host's one state read (`pvegpu.host_state.state_of`: the keyring, the list file's
+sha256, the loaded module, nvidia-smi); packages, files and units are `pvegpu.operations.state`'s.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Collection, Generator, Sequence
 
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.api.state import State
 from pyinfra.context import host
 
 from pvegpu.facts.nvidia import (
     CharDevices,
-    CudaAptSource,
-    NvidiaGpus,
-    NvidiaModule,
     char_devices_command,
     nvidia_smi_command,
     parse_nvidia_smi,
     parse_version_file,
     version_file_command,
 )
+from pvegpu.host_state import state_of
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
+from pvegpu.operations.api_command import api_command
 from pvegpu.operations.files import write_file
 from pvegpu.operations.reboot import REBOOT, wait_after_reboot
 from pvegpu.plan.driver import (
@@ -50,16 +49,16 @@ def cuda_repository(
     The keyring package ships its own list file at `list_path` pointing at NVIDIA's servers; pvegpu owns that
     file (`--force-confold` keeps pvegpu's), so a mirror or a lab repository is the only source.
     """
-    state = host.get_fact(CudaAptSource, keyring=KEYRING, list_path=list_path)
+    observed = state_of(host)
     changed = False
-    if not state.keyring:
+    if observed.path(KEYRING).kind != "file":
         download = QuoteString(KEYRING_DOWNLOAD)
         yield StringCommand(
             "/usr/lib/apt/apt-helper", "download-file", QuoteString(keyring_url), download,
             "&&", "dpkg", "--force-confold", "-i", download, "&&", "rm", "-f", download,
         )  # fmt: skip
         changed = True
-    if state.content != source_line:
+    if observed.path(list_path).sha256 != hashlib.sha256(source_line.encode()).hexdigest():
         yield write_file(list_path, source_line)
         changed = True
     if not changed:
@@ -82,7 +81,7 @@ def driver_module(
     wait and check), or fail saying why.
 
     `container`: the module is the host's; never reboot, fail naming both versions when it differs."""
-    loaded = host.get_fact(NvidiaModule, version_file=driver.version_file)
+    loaded = state_of(host).module
     if container:
         problem = container_module_problem(driver, loaded)
         if problem is not None:
@@ -105,13 +104,12 @@ def driver_module(
         yield from _reboot_when(mismatch, driver.reboot_timeout_s)
         return
 
-    def check(state: State, host: Host) -> None:
-        del state
+    def check() -> None:
         reason = mismatch(host)
         if reason is not None:
             raise OperationError(f"{reason}: reboot the host, or set {DRIVER_KEY}.allow_reboot")
 
-    yield FunctionCommand(check, (), {})
+    yield api_command(check)
 
 
 def _reboot_when(
@@ -119,14 +117,13 @@ def _reboot_when(
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Reboot (only if `mismatch` still finds a reason at execution), then wait until it finds none."""
 
-    def reboot_and_wait(state: State, host: Host) -> None:
-        del state
+    def reboot_and_wait() -> None:
         if mismatch(host) is None:
             return
         host.run_shell_command(StringCommand(REBOOT), print_output=False)
         wait_after_reboot(host, mismatch, timeout_s)
 
-    yield FunctionCommand(reboot_and_wait, (), {})
+    yield api_command(reboot_and_wait)
 
 
 @operation()
@@ -143,25 +140,20 @@ def driver_verified(
         return verify_problems(driver, module, parse_nvidia_smi(output.stdout_lines), gpu_count)
 
     if not installing:
-        found = verify_problems(
-            driver,
-            host.get_fact(NvidiaModule, version_file=driver.version_file),
-            host.get_fact(NvidiaGpus),
-            gpu_count,
-        )
+        observed = state_of(host)
+        found = verify_problems(driver, observed.module, observed.smi, gpu_count)
         if found:
             raise OperationError("; ".join(found))
         count = "" if gpu_count is None else f"{gpu_count} "
         host.noop(f"nvidia-smi lists {count}GPUs on the {driver.flavour} kernel module {driver.version}")
         return
 
-    def verify(state: State, host: Host) -> None:
-        del state
+    def verify() -> None:
         found = problems(host)
         if found:
             raise OperationError("; ".join(found))
 
-    yield FunctionCommand(verify, (), {})
+    yield api_command(verify)
 
 
 @operation()
@@ -183,11 +175,10 @@ def device_nodes_present(*, nodes: Sequence[str], installing: bool) -> Generator
         host.noop(f"{len(nodes)} NVIDIA device nodes exist ({nodes[0]} .. {nodes[-1]})")
         return
 
-    def check(state: State, host: Host) -> None:
-        del state
+    def check() -> None:
         _, output = host.run_shell_command(StringCommand(char_devices_command(nodes)), print_output=False)
         problem = missing(output.stdout_lines)
         if problem is not None:
             raise OperationError(problem)
 
-    yield FunctionCommand(check, (), {})
+    yield api_command(check)

@@ -5,9 +5,11 @@ both share, written once and told apart by a `GuestKind` (which API calls, which
 - `converge`: create the guest (every key, the task waited for) when it does not exist, else PUT only the
   keys that differ with the digest of the read they were diffed against: a concurrent edit fails with
   Proxmox's error (`checksum mismatch` for a VM, `detected modified configuration` for a container) and
-  nothing is written. An existing guest (with its disks) is never recreated. Every write is read back and
-  diffed again: what is said (created, updated, `nothing overwritten`) is what reading back shows, whatever
-  the write answered (an error after Proxmox wrote, success from an endpoint that wrote nothing);
+  nothing is written. An existing guest (with its disks) is never recreated, but for the leftovers of
+  pvegpu's own create that died (locked `create`, or never completely created; see `_dead_create`). Every
+  write is read back and diffed again: what is said (created, updated, `nothing overwritten`) is what
+  reading back shows, whatever the write answered (an error after Proxmox wrote, success from an endpoint
+  that wrote nothing);
 - `guest_running`: started, the task waited for, then until the guest reports running;
 - `guest_parked`: for a profile that does not use it, `onboot: 0` and stopped, so the next profile gets
   the GPUs; never deleted.
@@ -19,8 +21,10 @@ change (logged) without making it. Every API error names the endpoint and what c
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from pyinfra import logger
@@ -30,9 +34,12 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.models.pve import GuestConfig
+from pvegpu.create_records import CreateLedger
+from pvegpu.models.pve import GuestConfig, TaskStatus
+from pvegpu.models.pve_api import ROOT_USER
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
-from pvegpu.plan.guest_leftovers import unfinished
+from pvegpu.plan.dead_create import CreateRecord, ownership
+from pvegpu.plan.guest_leftovers import left_by_a_create, unfinished
 from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -41,19 +48,24 @@ from pvegpu.wait import WaitTimeoutError, wait_until
 class GuestKind:
     """What tells a VM from a container in the steps they share: the noun Proxmox and pvegpu name it with
     in messages (`VM 100`, `CT 200`), the word for it in sentences about who holds the GPUs, its API path
-    segment (`qemu`, `lxc`), the node's command for it (`qm`, `pct`), and its API calls (PveClient
-    methods, unbound)."""
+    segment (`qemu`, `lxc`), the node's command for it (`qm`, `pct`), its create task's type (`qmcreate`,
+    `vzcreate`), and its API calls (PveClient methods, unbound). `unlock` and `destroy` are None for a
+    container: Proxmox's API cannot remove a container's lock (its config PUT has no `skiplock`), and pvegpu
+    does not destroy containers."""
 
     noun: str
     holder: str
     path: str
     cli: str
+    create_task: str
     config: Callable[[PveClient, str, int], GuestConfig]
     create: Callable[[PveClient, str, int, Params], str]
     update: Callable[[PveClient, str, int, Params, str, Sequence[str]], None]
     start: Callable[[PveClient, str, int], str]
     stop: Callable[[PveClient, str, int], str]
     status: Callable[[PveClient, str, int], str]
+    unlock: Callable[[PveClient, str, int, str], None] | None
+    destroy: Callable[[PveClient, str, int], str] | None
 
 
 def _vm_status(api: PveClient, node: str, vmid: int) -> str:
@@ -65,24 +77,30 @@ VM = GuestKind(
     holder="VM",
     path="qemu",
     cli="qm",
+    create_task="qmcreate",
     config=PveClient.vm_config,
     create=PveClient.create_vm,
     update=PveClient.update_vm_config,
     start=PveClient.start_vm,
     stop=PveClient.stop_vm,
     status=_vm_status,
+    unlock=PveClient.unlock_vm,
+    destroy=PveClient.destroy_vm,
 )
 CT = GuestKind(
     noun="CT",
     holder="container",
     path="lxc",
     cli="pct",
+    create_task="vzcreate",
     config=PveClient.lxc_config,
     create=PveClient.create_lxc,
     update=PveClient.update_lxc_config,
     start=PveClient.start_lxc,
     stop=PveClient.stop_lxc,
     status=PveClient.lxc_status,
+    unlock=None,
+    destroy=None,
 )
 
 
@@ -138,15 +156,21 @@ class Guest:
 
 def locked(guest: Guest, lock: str) -> str:
     """Why pvegpu leaves a guest with `lock: <lock>` alone, with the task that holds the lock (the guest's
-    newest task) and the exact command that removes it. pvegpu never removes a lock itself: it cannot prove
-    a lock's task its own (under pvesh every task is root@pam's, and a killed create never returned its
-    UPID)."""
+    newest task) and the exact command that removes it. The only lock pvegpu removes itself is that of its
+    own dead create (`converge`, `_dead_create`)."""
+    try:
+        tasks: tuple[TaskStatus, ...] | PveError = guest.api.guest_tasks(guest.node, guest.vmid)
+    except PveError as error:
+        tasks = error
+    return _locked_by(guest, lock, tasks)
+
+
+def _locked_by(guest: Guest, lock: str, tasks: tuple[TaskStatus, ...] | PveError) -> str:
+    """`locked`'s sentence, given the guest's tasks (newest first) or why they could not be listed."""
     unlock = f"`{guest.kind.cli} unlock {guest.vmid}`"
     check = f"check {guest.label} on {guest.node}, remove the lock with {unlock} there, then run again"
-    try:
-        tasks = guest.api.guest_tasks(guest.node, guest.vmid)
-    except PveError as error:
-        return f"{guest.label} is locked ({lock}); its tasks could not be listed ({error.line}): {check}"
+    if isinstance(tasks, PveError):
+        return f"{guest.label} is locked ({lock}); its tasks could not be listed ({tasks.line}): {check}"
     if not tasks:
         return f"{guest.label} is locked ({lock}) and Proxmox lists no task of it: {check}"
     task = tasks[0]
@@ -180,19 +204,34 @@ def converge(
     diff: Callable[[Mapping[str, object]], ConfigChange],
     unchanged: str,
     timeout_s: float,
+    ledger: CreateLedger | None = None,
 ) -> Generator[FunctionCommand, None, None]:
     """Yield what makes `guest` hold its config: when absent, its creation with `create` (every key); else
     the PUT of `diff(current values)` with the read's digest, each change logged. Noop with the sentence
-    `unchanged` when nothing differs. `diff` may raise OperationError (a refusal)."""
-    current = guest.read_config()
+    `unchanged` when nothing differs. `diff` may raise OperationError (a refusal).
+
+    `ledger` keeps pvegpu's record of each create it sends (pvegpu/create_records.py; None: no records).
+    A guest locked `create`, or never completely created, is what a create left: when its create task has
+    ended and the record proves it pvegpu's, a warning names the task and the guest is unlocked, destroyed
+    and created again in this run; else it is reported with its task and the exact command (`locked`,
+    `_half_made`), untouched. Any other lock is reported (`locked`)."""
+    current = guest.read_config(refuse_locked=False)
     if current is None:
         shown = " ".join(f"{key}={create[key]}" for key in sorted(create))
         logger.info(f"{host.print_prefix}{guest.label}: create {shown}")
-        yield api_command(_create, guest, create, diff, timeout_s)
+        yield api_command(_create, guest, create, diff, timeout_s, ledger)
         return
-    marks = unfinished(current.values)
-    if marks:
-        raise OperationError(_half_made(guest, marks))
+    lock = current.values.get("lock")
+    if left_by_a_create(current.values):
+        marks = unfinished(current.values)
+        logger.warning(f"{host.print_prefix}{_dead_create(guest, current, marks, ledger)}")
+        remade = partial(_create, guest, create, diff, timeout_s, ledger)
+        yield api_command(_remake, guest, current, timeout_s, remade)
+        return
+    if lock is not None:
+        raise OperationError(locked(guest, str(lock)))
+    if ledger is not None:  # whole: a record left by a create whose reading back failed proves nothing now
+        ledger.forget(guest.node, guest.kind.path, guest.vmid)
     change = diff(current.values)
     if not change.changed:
         host.noop(unchanged)
@@ -207,14 +246,88 @@ def converge(
 Diff = Callable[[Mapping[str, object]], ConfigChange]
 
 
-def _create(guest: Guest, params: Mapping[str, str], diff: Diff, timeout_s: float) -> None:
-    endpoint = f"POST /nodes/{guest.node}/{guest.kind.path}"
-    failure = attempt(
-        lambda: guest.api.wait_task(guest.kind.create(guest.api, guest.node, guest.vmid, params), timeout_s)
+def _dead_create(
+    guest: Guest, current: GuestConfig, marks: Sequence[str], ledger: CreateLedger | None
+) -> str:
+    """The warning for the leftovers of pvegpu's own dead create of `guest` (locked `create`, or `marks` of
+    an unfinished create), which `_remake` replaces; OperationError with today's report (`locked`,
+    `_half_made`) when its create task still runs, is not the newest task, is not provably pvegpu's
+    (pvegpu/plan/dead_create.py, the reason logged), or pvegpu may not remove it."""
+    lock = current.values.get("lock")
+    try:
+        tasks: tuple[TaskStatus, ...] | PveError = guest.api.guest_tasks(guest.node, guest.vmid)
+    except PveError as error:
+        tasks = error
+    report = _locked_by(guest, str(lock), tasks) if lock is not None else _half_made(guest, marks)
+    if (
+        lock not in (None, "create")
+        or isinstance(tasks, PveError)
+        or not tasks
+        or tasks[0].status == "running"
+    ):
+        raise OperationError(report)
+    task = tasks[0]
+    record = None if ledger is None else ledger.read(guest.node, guest.kind.path, guest.vmid)
+    user = "" if ledger is None else ledger.api_user
+    proof = ownership(record, task.upid, guest.kind.create_task, guest.vmid, user)
+    refusal = None if proof.own else f"not provably pvegpu's: {proof.why}"
+    if refusal is None and guest.kind.destroy is None:
+        refusal = f"pvegpu's ({proof.why}), but pvegpu does not destroy a {guest.kind.holder}"
+    elif refusal is None and lock is not None and user != ROOT_USER:
+        refusal = (
+            f"pvegpu's ({proof.why}), but only {ROOT_USER} may remove a lock through the API "
+            f"and pvegpu acts as {user}"
+        )
+    if refusal is not None:
+        logger.info(f"{host.print_prefix}{guest.label}: the dead create {task.upid} is {refusal}")
+        raise OperationError(report)
+    ended = f"which no longer runs (exit status: {task.exitstatus}; {proof.why})"
+    if lock is not None:
+        return (
+            f"{guest.label} is locked (create) by pvegpu's create task {task.upid}, {ended}: removing the "
+            "lock, destroying what it left and creating it again"
+        )
+    return (
+        f"{guest.label} on {guest.node} was never completely created ({'; '.join(marks)}) by pvegpu's "
+        f"create task {task.upid}, {ended}: destroying what it left and creating it again"
     )
+
+
+def _remake(guest: Guest, leftover: GuestConfig, timeout_s: float, create: Callable[[], None]) -> None:
+    """Unlock (with the digest of the read that judged it) and destroy what pvegpu's dead create left,
+    waiting for the destroy task, then `create` it (`_create`)."""
+    unlock, destroy = guest.kind.unlock, guest.kind.destroy
+    assert destroy is not None  # _dead_create refuses a kind without
+    if "lock" in leftover.values:
+        assert unlock is not None
+        failure = attempt(lambda: unlock(guest.api, guest.node, guest.vmid, leftover.digest))
+        if failure is not None:
+            raise OperationError(f"{guest.label} not unlocked: {failure.line}; nothing destroyed")
+    endpoint = f"DELETE /nodes/{guest.node}/{guest.kind.path}/{guest.vmid}"
+    failure = attempt(lambda: guest.api.wait_task(destroy(guest.api, guest.node, guest.vmid), timeout_s))
+    said = what_came_back(failure, endpoint)
+    if _read_back(guest, said, "destroyed") is not None:
+        raise OperationError(f"{guest.label} not destroyed: {said}; not created again, run again")
+    create()
+
+
+def _create(
+    guest: Guest, params: Mapping[str, str], diff: Diff, timeout_s: float, ledger: CreateLedger | None = None
+) -> None:
+    endpoint = f"POST /nodes/{guest.node}/{guest.kind.path}"
+    sent = int(time.time())
+
+    def post_and_wait() -> None:
+        _record(guest, ledger, CreateRecord(upid=None, sent=sent))  # before the POST: it may never answer
+        upid = guest.kind.create(guest.api, guest.node, guest.vmid, params)
+        _record(guest, ledger, CreateRecord(upid=upid, sent=sent))
+        guest.api.wait_task(upid, timeout_s)
+
+    failure = attempt(post_and_wait)
     said = what_came_back(failure, endpoint)
     after = _read_back(guest, said, "created")
     if after is None:
+        _forget(guest, ledger)  # nothing was made: nothing left to prove
         found = "" if failure else f", but GET {guest.config_endpoint} finds no config"
         raise OperationError(f"{guest.label} not created: {said}{found}")
     if "lock" in after.values:
@@ -223,6 +336,7 @@ def _create(guest: Guest, params: Mapping[str, str], diff: Diff, timeout_s: floa
     marks = unfinished(after.values)
     if marks:
         raise OperationError(f"{_half_made(guest, marks)} (after {said})")
+    _forget(guest, ledger)  # whole
     left = diff(after.values)
     if left.changed:
         raise OperationError(
@@ -248,6 +362,23 @@ def _update(guest: Guest, change: ConfigChange, before: GuestConfig, diff: Diff)
         unchanged = "" if failure else ", but reading it back shows those keys unchanged"
         raise OperationError(f"{guest.label} config not updated, nothing overwritten: {said}{unchanged}")
     raise OperationError(f"{guest.label}: {_differences(left, after)} after {said}; run again")
+
+
+def _record(guest: Guest, ledger: CreateLedger | None, record: CreateRecord) -> None:
+    if ledger is None:
+        return
+    try:
+        ledger.write(guest.node, guest.kind.path, guest.vmid, record)
+    except OSError as error:
+        sent = "not sent" if record.upid is None else f"sent (task {record.upid})"
+        raise OperationError(
+            f"{guest.label}: pvegpu's record of its create not written ({error}); create {sent}"
+        ) from None
+
+
+def _forget(guest: Guest, ledger: CreateLedger | None) -> None:
+    if ledger is not None:
+        ledger.forget(guest.node, guest.kind.path, guest.vmid)
 
 
 def _half_made(guest: Guest, marks: Sequence[str]) -> str:

@@ -11,12 +11,12 @@ from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.api.state import State
 from pyinfra.context import host
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.models.hardware import HostHardware
+from pvegpu.operations.api_command import api_command
 from pvegpu.plan.reboot import pending_message, pending_reasons
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -80,12 +80,9 @@ def reboot_if_pending(
         )
         return pending_message(found) if found else None
 
-    # pyinfra passes (state, host) to a FunctionCommand only when the parameters have exactly these names.
-    def wait_and_verify(state: State, host: Host) -> None:
-        del state
-        wait_after_reboot(host, still_pending, timeout_s)
-
-    yield FunctionCommand(wait_and_verify, (), {})
+    # An api_command: a host that does not come back as wanted fails in one line, with no traceback. It
+    # runs with pyinfra's context host set to this host, which is what `host` resolves to then.
+    yield api_command(wait_after_reboot, host, still_pending, timeout_s)
 
 
 def wait_after_reboot(target: Host, pending: Callable[[Host], str | None], timeout_s: float) -> None:

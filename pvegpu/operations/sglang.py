@@ -1,7 +1,7 @@
 """SGLang operations: the pinned package in its venv, the model download, and readiness after a start.
 
-The user, files, unit and restarts use pyinfra's `server`, `files` and `systemd` operations
-(roles/sglang.py); these cover what pyinfra has no operation for.
+The venv and the model decide from the host's one state read (`pvegpu.host_state.state_of`); the user,
+files, unit and restarts are `pvegpu.operations.state`'s.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from collections.abc import Generator, Sequence
 
 from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.api.state import State
 from pyinfra.context import host
-from pyinfra.facts.files import File
 
-from pvegpu.facts.sglang import SglangProbe, SglangVenv, parse_probe, probe_command
+from pvegpu.facts.sglang import SglangProbe, VenvState, parse_probe, probe_command
+from pvegpu.host_state import state_of
+from pvegpu.operations.api_command import api_command
 from pvegpu.plan.sglang_service import SERVICE
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -34,7 +33,7 @@ def sglang_venv(
     *, venv: str, version: str, pip_args: Sequence[str] = ()
 ) -> Generator[StringCommand, None, None]:
     """A venv at `venv` (`python3 -m venv`) with `sglang==version` (`pip install`, plus `pip_args`)."""
-    state = host.get_fact(SglangVenv, venv=venv)
+    state = state_of(host).venvs.get(venv, VenvState(python=False, version=None))
     if state.python and state.version is not None and public_version(state.version) == version:
         host.noop(f"venv {venv} has sglang {state.version}")
         return
@@ -55,7 +54,7 @@ def model_download(
     The token stays in `token_file` on the host: `HF_TOKEN_PATH` names the file, so no command line and
     no log holds the token. The files are then given to `user`.
     """
-    if host.get_fact(File, path=f"{model_path}/config.json"):
+    if state_of(host).path(f"{model_path}/config.json").kind == "file":
         host.noop(f"{model_path} holds a model (config.json is there): no download")
         return
     env = ["env", f"HF_TOKEN_PATH={token_file}"] if token_file else []
@@ -80,9 +79,7 @@ def sglang_ready(
         host.noop(f"{SERVICE} answers {base_url}/health and /v1/models ({probe.detail})")
         return
 
-    def wait(state: State, host: Host) -> None:
-        del state
-
+    def wait() -> None:
         def not_ready() -> str | None:
             _, output = host.run_shell_command(probe_command(python, base_url, key_file), print_output=False)
             probe = parse_probe(output.stdout_lines)
@@ -103,4 +100,4 @@ def sglang_ready(
                 f"(last: {timeout.last}); its last journal lines:\n{lines}"
             ) from None
 
-    yield FunctionCommand(wait, (), {})
+    yield api_command(wait)  # a service that never answers fails its host in one line (the journal after it)

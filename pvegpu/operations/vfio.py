@@ -17,12 +17,13 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.facts.pvegpu_boot import MODPROBE, MODULES_LOAD, BootFiles
-from pvegpu.operations.files import write_file
+from pvegpu.operations.files import regenerate, write_file
 from pvegpu.operations.render import render
 from pvegpu.plan.vfio import VfioPlan
 
 MODULES_TEMPLATE = "pve_host/modules-load-pvegpu-vfio.conf.j2"
 MODPROBE_TEMPLATE = "pve_host/modprobe-pvegpu-vfio.conf.j2"
+UPDATE_INITRAMFS = regenerate("update-initramfs -u -k all", "/boot/initrd.img-*")
 
 
 def render_vfio(plan: VfioPlan) -> dict[str, str]:
@@ -59,7 +60,7 @@ def vfio_config(
             yield StringCommand("rm", "-f", *(QuoteString(path) for path in existing))
         else:
             _log_stale(files.stale_initramfs)
-        yield StringCommand("update-initramfs", "-u", "-k", "all")
+        yield UPDATE_INITRAMFS
         return
     if plan is None:
         raise ValueError("vfio_config: present=True needs a plan")
@@ -74,7 +75,7 @@ def vfio_config(
         bound = f"ids {','.join(plan.ids)}" if plan.ids else f"addresses {' '.join(plan.addresses)}"
         host.noop(f"{MODULES_LOAD} and {MODPROBE} already bind {bound} to vfio-pci")
         return
-    yield StringCommand("update-initramfs", "-u", "-k", "all")
+    yield UPDATE_INITRAMFS
 
 
 def _log_stale(images: tuple[str, ...]) -> None:

@@ -11,6 +11,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from pvegpu.create_records import CreateLedger
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.pve_guest import VM, Guest, converge
 from pvegpu.plan.hostpci import HostPciError
@@ -28,13 +29,17 @@ def q35_vm(
     create: Mapping[str, str],
     prefix: str,
     timeout_s: float,
+    ledger: CreateLedger | None = None,
+    keep_clique: bool = False,
 ) -> Generator[FunctionCommand, None, None]:
     """Create VM `vmid` on `node` with `config` + `create` (plan/vm.py) when absent, else PUT the keys that
-    differ (with the read's digest). Raises OperationError for a hostpci slot pvegpu must not take."""
+    differ (with the read's digest). Raises OperationError for a hostpci slot pvegpu must not take.
+    `ledger`: pvegpu's records of its creates (`converge`). `keep_clique`: pvegpu's GPUDirect clique parts
+    of `args` are left as they are (`vm.p2p: probe`: the P2P operation owns them)."""
 
     def diff(current: Mapping[str, object]) -> VmChange:
         try:
-            return diff_vm(config, create, current, prefix)
+            return diff_vm(config, create, current, prefix, keep_clique=keep_clique)
         except HostPciError as error:
             raise OperationError(f"VM {vmid}: {error}") from None
 
@@ -48,6 +53,7 @@ def q35_vm(
             f"{count} hostpci devices"
         ),
         timeout_s=timeout_s,
+        ledger=ledger,
     )
 
 

@@ -45,6 +45,9 @@ USERSPACE_PACKAGE = "nvidia-driver-cuda"
 MODULES_LOAD = "/etc/modules-load.d/pvegpu-nvidia.conf"
 DEVICES_SERVICE = "pvegpu-nvidia-devices.service"
 DEVICES_UNIT = f"/etc/systemd/system/{DEVICES_SERVICE}"
+NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
+PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
+PERSISTENCED = "nvidia-persistenced.service"
 # Never installed in a container: the module is the host's (Pin-Priority -1 in its apt preferences).
 KERNEL_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-open", "cuda-drivers", "dkms")
 Placement = Literal["guest", "pve-host", "container"]
@@ -76,6 +79,11 @@ def cuda_distro(os_id: str | None, version_id: str | None) -> str:
             f"repository serves; supported: {supported}"
         )
     return distro
+
+
+def cuda_list_path(distro: str) -> str:
+    """The apt list file of the CUDA repository for `distro` (the name the cuda-keyring package uses)."""
+    return f"/etc/apt/sources.list.d/cuda-{distro}-x86_64.list"
 
 
 def apt_source_line(driver: DriverSpec, distro: str) -> str:

@@ -19,6 +19,12 @@ _NET = re.compile(r"net\d+")
 _MAC = re.compile(r"(?:[0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}")
 
 
+def left_by_a_create(values: Mapping[str, object]) -> bool:
+    """Whether a guest config is what a create left: locked `create` (the stub a create writes first, kept
+    while it runs and after it died), or with marks of an unfinished create (`unfinished`)."""
+    return values.get("lock") == "create" or bool(unfinished(values))
+
+
 def unfinished(values: Mapping[str, object]) -> tuple[str, ...]:
     """One phrase per mark of an unfinished create in a guest's config values, sorted by key:
     `scsi0 local-lvm:32 was never allocated`, `net0 virtio,bridge=vmbr0 has no MAC address`; for a config

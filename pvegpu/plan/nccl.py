@@ -7,7 +7,9 @@ Pure. `plan_nccl(profile, topology, infiniband=..., overrides=...)`:
   Nothing that enables or forces P2P is set, and the operator may not set it either (refused, see
   `VM_REFUSED`): forced P2P in a VM hangs NCCL or silently corrupts data (NVIDIA/nccl #2335), and without
   SHM NCCL falls back to sockets. This is a refusal, not a warning, because the VM env file must never
-  enable P2P; an experiment with GPUDirect clique hints belongs to a separate, explicit setting.
+  enable P2P on its own; GPUDirect clique hints are the separate, explicit `vm.p2p` (pvegpu/plan/p2p.py):
+  once its probe proved P2P (or with `on`), `p2p=True` keeps `--enable-p2p-check`, drops
+  `--disable-custom-all-reduce` and sets `NCCL_P2P_LEVEL=SYS`; the operator's P2P variables stay refused.
 - `lxc` / `baremetal`: the host driver gives real P2P. NCCL's default level (PXB: same PCIe switch) keeps
   P2P off between GPUs on separate root complexes, so `NCCL_P2P_LEVEL` is set from the topology: `PHB`
   when every GPU is on one NUMA node, `SYS` when they span several (NCCL's CPU nodes are NUMA nodes).
@@ -48,6 +50,13 @@ VM_REFUSED = {
     ),
 }
 
+P2P_CHECK_PROVEN = (
+    "P2P between the VM's GPUs is on (vm.p2p, experimental): SGLang checks each pair again before its "
+    "custom all-reduce uses it"
+)
+P2P_LEVEL_PROVEN = (
+    "P2P between the VM's GPUs is on (vm.p2p, experimental): let NCCL use it across root complexes"
+)
 _PXB_NOTE = "NCCL's default (PXB) would fall back to SHM between root complexes"
 
 
@@ -103,14 +112,18 @@ def plan_nccl(
     infiniband: bool,
     overrides: Mapping[str, str] | None = None,
     topo_file: str | None = None,
+    p2p: bool = False,
 ) -> NcclPlan:
     """The NCCL environment and SGLang flags for `profile` (see the module docstring for the rules).
 
     `topology` (the host's GPUs, from `plan_topology`) is needed for `lxc` and `baremetal`; `vm` ignores it.
     `infiniband`: the serving host has an IB/RoCE adapter (`has_infiniband`). `overrides`: the operator's
     variables. `topo_file`: a VM guest's NCCL topology file (pvegpu/plan/nccl_topo.py), set as
-    `NCCL_TOPO_FILE`. Raises PlanError (`sglang.env.<NAME>: ...`, one line each) for an override refused in
-    the vm profile, or (`sglang: ...`) when lxc/baremetal get no GPUs to read NUMA nodes from.
+    `NCCL_TOPO_FILE`. `p2p` (vm only): P2P between the VM's GPUs is proven by pvegpu's probe, or forced
+    with `vm.p2p: on` (pvegpu/plan/p2p.py `guest_uses_p2p`): SGLang keeps its P2P check but its custom
+    all-reduce is allowed, and `NCCL_P2P_LEVEL=SYS` lets NCCL use P2P across root complexes.
+    Raises PlanError (`sglang.env.<NAME>: ...`, one line each) for an override refused in the vm profile,
+    or (`sglang: ...`) when lxc/baremetal get no GPUs to read NUMA nodes from.
     """
     overrides = overrides or {}
     planned: dict[str, EnvSetting] = {}
@@ -127,17 +140,22 @@ def plan_nccl(
         ]
         if refused:
             raise PlanError("\n".join(refused))
-        flags = (
-            FlagSetting(
-                "--enable-p2p-check",
-                "P2P is not supported between passed-through GPUs; without the check SGLang assumes it works",
-            ),
-            FlagSetting(
-                "--disable-custom-all-reduce",
-                "SGLang's custom all-reduce needs P2P, which the VM lacks; "
-                "NCCL all-reduces over shared memory",
-            ),
-        )
+        if p2p:
+            flags = (FlagSetting("--enable-p2p-check", P2P_CHECK_PROVEN),)
+            put("NCCL_P2P_LEVEL", "SYS", P2P_LEVEL_PROVEN)
+        else:
+            flags = (
+                FlagSetting(
+                    "--enable-p2p-check",
+                    "P2P is not supported between passed-through GPUs; "
+                    "without the check SGLang assumes it works",
+                ),
+                FlagSetting(
+                    "--disable-custom-all-reduce",
+                    "SGLang's custom all-reduce needs P2P, which the VM lacks; "
+                    "NCCL all-reduces over shared memory",
+                ),
+            )
     else:
         if topology is None or not topology.gpus:
             raise PlanError(f"{SGLANG_KEY}: the {profile} profile needs the host's GPUs for NCCL_P2P_LEVEL")

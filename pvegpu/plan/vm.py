@@ -7,13 +7,18 @@ MAC then):
     name, machine (q35 or pinned), bios ovmf, ostype l26, cpu host, sockets and cores (one socket, or
     plan/numa.py's layout with its numaN and affinity keys), memory, numa,
     hugepages (when set), balloon 0, agent 1, onboot, scsihw, hostpciN (mapping=<prefix>N,pcie=1),
-    args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args) or cpu host,phys-bits=N,
+    args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args, then the clique parts for
+    vm.p2p = on) or cpu host,phys-bits=N,
     hookscript (pvegpu's pre-start hook, unless vm.self_heal is off; `off` deletes only pvegpu's)
 
 `diff_vm` compares with the config the API returns (ints and strings as Proxmox types them) and never
 touches a disk that exists: a missing disk is added, an existing one is left as it is, nothing is recreated.
-`args` is shared: pvegpu owns only its `X-PciMmio64Mb` part and keeps every other part verbatim. pvegpu owns
-every `numaN` (a key it no longer plans is deleted: Proxmox refuses nodes whose memory does not add up).
+`args` is shared: pvegpu owns only its `X-PciMmio64Mb` part and its GPUDirect clique parts
+(`-set device.hostpciN.0.x-nv-gpudirect-clique=C`, plan/p2p.py) and keeps every other part verbatim; the
+clique parts are set here with `vm.p2p: on`, removed with `off`, and with `probe` (`keep_clique`) left to
+the P2P operation (pvegpu/operations/p2p.py).
+pvegpu owns every `numaN` (a key it no longer plans is deleted: Proxmox refuses nodes whose memory does not
+add up).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pvegpu.plan.convert import CONVERSION_KEYS, needs_conversion
 from pvegpu.plan.hostpci import HOSTPCI_KEY, desired_hostpci, diff_hostpci
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.numa import NumaPlan
+from pvegpu.plan.p2p import CLIQUE_PART, own_clique
 from pvegpu.plan.topology import Topology
 
 VFIO = "vfio-pci"
@@ -40,10 +46,15 @@ NUMA_NODE_KEY = re.compile(r"numa[0-9]+")
 
 
 def vm_config(
-    spec: VmSpec, mapping_ids: Sequence[str], window: MmioWindow | None, numa: NumaPlan | None = None
+    spec: VmSpec,
+    mapping_ids: Sequence[str],
+    window: MmioWindow | None,
+    numa: NumaPlan | None = None,
+    clique: str = "",
 ) -> dict[str, str]:
     """The keys pvegpu converges (see the module docstring), values as Proxmox stores them; `numa` None:
-    one socket of `vm.cores`, no numaN (the flat layout)."""
+    one socket of `vm.cores`, no numaN (the flat layout). `clique`: plan/p2p.py's clique parts, set in
+    `args` with `vm.p2p: on` (with `probe` and `off` plan/p2p's operation owns them)."""
     cpu = "host"
     if window is not None and spec.mmio == "phys-bits":
         cpu = f"host,phys-bits={window.phys_bits}"
@@ -67,8 +78,11 @@ def vm_config(
         config |= numa.keys()
     if spec.hugepages is not None:
         config["hugepages"] = spec.hugepages
-    if window is not None and spec.mmio == "args":
-        config["args"] = window.args
+    owned = [window.args] if window is not None and spec.mmio == "args" else []
+    if spec.p2p == "on" and clique:
+        owned.append(clique)
+    if owned:
+        config["args"] = " ".join(owned)
     if spec.self_heal != "off":
         config["hookscript"] = hookscript_volid(spec)
     return config
@@ -123,10 +137,24 @@ class VmChange:
         return bool(self.set or self.delete)
 
 
-def merge_args(current: str | None, mmio_args: str) -> str:
-    """`current` args with pvegpu's X-PciMmio64Mb part replaced by `mmio_args`; other parts kept."""
-    rest = _MMIO_ARG.sub("", current or "").strip()
-    return f"{rest} {mmio_args}" if rest else mmio_args
+def merge_args(current: str | None, mmio_args: str | None, clique: str | None = None) -> str:
+    """`current` args as pvegpu wants them, in the order: the parts that are not pvegpu's (kept verbatim, in
+    their order), pvegpu's X-PciMmio64Mb part (`mmio_args`; None: the current one kept), pvegpu's clique parts
+    (`clique`, plan/p2p.py; None: the current ones kept, '' removes them)."""
+    text = current or ""
+    mmio = mmio_args if mmio_args is not None else " ".join(m.strip() for m in _MMIO_ARG.findall(text))
+    cliques = clique if clique is not None else own_clique(text)
+    rest = CLIQUE_PART.sub("", _MMIO_ARG.sub("", text)).strip()
+    return " ".join(part for part in (rest, mmio, cliques) if part)
+
+
+def _wanted_args(current: str | None, desired: str | None, keep_clique: bool) -> str:
+    """`merge_args` for vm_config's `args` value (None: it plans none): its MMIO part replaces pvegpu's (none:
+    the current one kept); its clique parts (`vm.p2p: on`; none: removed) replace pvegpu's, unless
+    `keep_clique`."""
+    clique = None if keep_clique else own_clique(desired)
+    mmio = CLIQUE_PART.sub("", desired or "").strip()
+    return merge_args(current, mmio or None, clique)
 
 
 def diff_vm(
@@ -136,11 +164,13 @@ def diff_vm(
     prefix: str,
     *,
     converting: bool = False,
+    keep_clique: bool = False,
 ) -> VmChange:
     """What to PUT so `current` has `desired` (from vm_config); raises HostPciError for a taken slot.
 
     - plain keys: compared as text (`16` == 16); `hugepages` and every `numaN` not in `desired` are deleted;
-    - `args`: only pvegpu's part is compared and replaced;
+    - `args`: only pvegpu's parts are compared and replaced: its MMIO part, and its clique parts
+      (plan/p2p.py) as `desired` has them (none: removed), unless `keep_clique` (`vm.p2p: probe`);
     - `net0`: model and bridge compared, the MAC kept; `efidisk0`/`scsi0`: added when missing, else left;
     - a VM that is not Q35/OVMF yet (plan/convert.py): `machine`, `bios`, `efidisk0` and the `hostpciN`
       keys (`pcie=1` needs Q35) are left out unless `converting` (the conversion, once its guest is checked).
@@ -156,13 +186,18 @@ def diff_vm(
     hostpci = {key: value for key, value in desired.items() if HOSTPCI_KEY.fullmatch(key)}
     to_set: dict[str, str] = {}
     for key, value in desired.items():
-        if key in hostpci:
+        if key in hostpci or key == "args":
             continue
         now = current.get(key)
-        wanted = merge_args(None if now is None else str(now), value) if key == "args" else value
-        if now is None or str(now) != wanted:
-            to_set[key] = wanted
+        if now is None or str(now) != value:
+            to_set[key] = value
     delete = ["hugepages"] if "hugepages" in current and "hugepages" not in desired else []
+    now_args = None if current.get("args") is None else str(current["args"])
+    args = _wanted_args(now_args, desired.get("args"), keep_clique)
+    if args and args != now_args:
+        to_set["args"] = args
+    elif not args and now_args is not None and "args" not in desired:  # only pvegpu's clique parts were there
+        delete.append("args")
     delete += sorted(
         (key for key in current if NUMA_NODE_KEY.fullmatch(key) and key not in desired),
         key=lambda k: int(k[4:]),

@@ -7,9 +7,11 @@ itself stays faithful).
   worker dies mid-way (its writes hit RLIMIT_FSIZE: EFBIG, as a full disk or a kill), leaving the stub
   `lock: create` and a task that no longer runs. Asserted: the garbage fails the host in one line naming the
   endpoint, nothing written (no mapping, no image, no VM), no traceback; the killed create is reported with
-  its task and `qm unlock 100`, never taken over, nor taken for an installed VM to convert; after the
-  operator's unlock and removal of the empty stub (what `qm destroy 100` does to a VM without volumes), ONE
-  run converges, the guest joins the next run's inventory and that run changes nothing.
+  its task and `qm unlock 100`, nor taken for an installed VM to convert. pvegpu recorded that create before
+  it sent it (pvegpu/create_records.py): without the record, the next run reports the dead create as not
+  provably pvegpu's and leaves it; with it, ONE run (no operator action) unlocks and destroys what the dead
+  create left (its volumes too) and creates the VM again, the guest joins the next run's inventory and that
+  run changes nothing.
 - The image download's worker killed (SIGKILL) after the bytes landed in its temporary file, before the
   rename, then the shell writing the cloud-init user-data snippet killed after staging it, before the
   rename: each run after a cut finishes what the cut left (the download, then the snippet), nothing
@@ -21,6 +23,7 @@ itself stays faithful).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -30,6 +33,7 @@ import pytest
 
 from lab import boot, hosts, images
 from lab.pve import node as pve_node
+from pvegpu.create_records import ledger_beside
 from pvegpu.guest_keys import login_key_files
 from tests.lab.test_lab_vm import START, SYNC, VM, guest_gpus, mappings, prepare_host, run
 
@@ -173,24 +177,39 @@ def test_drift_garbage_and_a_killed_create_then_one_run_converges(
     assert len(mappings(node)) == 8  # the sync before the create was whole
     the_image_is_whole(node)  # so was the download
 
+    ledger = ledger_beside(hosts.known_hosts_path(), "root@pam")
+    assert ledger is not None
+    record = ledger.path(pve_name, "qemu", 100)
+    assert json.loads(record.read_text())["upid"] is None  # pvesh never answered the killed POST
     lab_ssh(node, "rm /run/pvegpu-fault-kill && mv /usr/bin/pvesh.real /usr/bin/pvesh")
-    again = failing(pyinfra_cli, node)  # nothing changed: reported again, not taken over
-    assert f"[{pve_name}] VM 100 is locked (create); its last task UPID:{pve_name}:" in again
-    assert config.read_text() == "lock: create\n"
 
-    # The operator: `qm unlock 100`, then `qm destroy 100` of what is left (an empty config, no volume).
-    lab_ssh(node, f"pvesh set /nodes/{pve_name}/qemu/100/config --delete lock --skiplock 1")
-    empty = failing(pyinfra_cli, node)
-    assert (
-        f"[{pve_name}] VM 100 on {pve_name} was never completely created: its config is empty: pvegpu "
-        "does not take it over; remove it (`qm destroy 100`) or finish it by hand, then run again\n" in empty
-    )
-    # Not taken for an installed i440FX/SeaBIOS VM either (an empty config has no `machine`, no `bios`).
-    assert "is not converted to Q35/OVMF" not in empty, empty
-    assert config.read_text() == ""
-    lab_ssh(node, "rm /etc/pve/qemu-server/100.conf")
+    # Without pvegpu's record the dead create is not provably pvegpu's: reported, untouched.
+    record.rename(record.with_suffix(".away"))
+    foreign = failing(pyinfra_cli, node)
+    assert re.search(
+        rf"\[{pve_name}\] VM 100: the dead create UPID:{pve_name}:[0-9A-F:]+:qmcreate:100:root@pam: is not "
+        r"provably pvegpu's: pvegpu has no record of creating it\n",
+        foreign,
+    ), foreign
+    assert f"[{pve_name}] VM 100 is locked (create); its last task UPID:{pve_name}:" in foreign
+    assert config.read_text() == "lock: create\n"
+    record.with_suffix(".away").rename(record)
 
     converged, log = run(pyinfra_cli, "deploy/vm.py", node)
+
+    # With it, the next run unlocks and destroys what the dead create left, and creates the VM again.
+    assert re.search(
+        rf"\[{pve_name}\] VM 100 is locked \(create\) by pvegpu's create task UPID:{pve_name}:[0-9A-F:]+:"
+        r"qmcreate:100:root@pam:, which no longer runs \(exit status: unexpected status; it started as "
+        r"root@pam within 60 s of pvegpu's POST, which never answered\): removing the lock, destroying what "
+        r"it left and creating it again\n",
+        log,
+    ), log
+    assert not record.exists()
+    # Nothing of the dead create is left: every volume of VM 100 is one its new config names.
+    folders = [node.root / "var/lib/pvegpu-lab/volumes", node.root / "var/lib/vz/images"]
+    volumes = sorted(path.name.split(".")[0] for folder in folders for path in folder.rglob("vm-100-*"))
+    assert volumes == sorted(set(re.findall(r"vm-100-[\w-]+", config.read_text()))), volumes
 
     # The image is still there from the killed run: not downloaded again.
     assert converged == {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -186,27 +187,55 @@ def test_drift_doctor_warns_when_transports_contradict_the_profile(
     ) in run.stderr
 
 
-def test_bench_saves_tables_plots_and_history(
+def test_bench_compares_settings_and_doctor_shows_nccl_with_and_without_topology_file(
     guest: hosts.LabHost,
     pyinfra_cli: PyinfraCli,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    assert deploy(pyinfra_cli, monkeypatch, guest, {}).rc == 0
-    monkeypatch.setenv(
-        "PVEGPU_LAB_EXTRA_DATA", json.dumps({"bench": {"results_dir": str(tmp_path), "concurrency": [1, 4]}})
-    )
-
-    for _ in range(2):
+    """A run without a topology file, then one with (any file the stand-in NCCL can open): each saved and
+    labelled as it ran, compared in one table; the doctor shows NCCL's lines of both runs."""
+    bench = {"bench": {"results_dir": str(tmp_path), "concurrency": [1, 4]}}
+    with_file = {"sglang": {"env": {"NCCL_TOPO_FILE": "/etc/hostname"}}}
+    for extra in ({}, with_file):
+        assert deploy(pyinfra_cli, monkeypatch, guest, extra).rc == 0
+        monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps({**extra, **bench}))
         pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "deploy/bench.py")
 
-    runs = sorted((tmp_path / guest.name).glob("*.md"))
+    runs = sorted((tmp_path / guest.name).glob("2*.md"))
     assert len(runs) == 2  # run ids are UTC seconds; a run takes longer than that
     table = runs[-1].read_text().splitlines()
-    assert [row.split(" | ")[:2] for row in table[4:]] == [["| 1", "4"], ["| 4", "16"]]
+    assert table[2] == "Settings in force: numa flat, topo file on, p2p off."
+    assert [row.split(" | ")[:2] for row in table[6:]] == [["| 1", "4"], ["| 4", "16"]]
     assert runs[-1].with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
-    assert [(run["host"], [row["concurrency"] for row in run["rows"]]) for run in history] == [
-        (guest.name, [1, 4]),
-        (guest.name, [1, 4]),
+    assert [
+        (run["host"], run["settings"], [row["concurrency"] for row in run["rows"]]) for run in history
+    ] == [
+        (guest.name, {"numa": "flat", "topo_file": "off", "p2p": "off"}, [1, 4]),
+        (guest.name, {"numa": "flat", "topo_file": "on", "p2p": "off"}, [1, 4]),
     ]
+    compared = (tmp_path / guest.name / "compare.md").read_text().splitlines()
+    assert [row.split(" | ")[:4] + row.split(" | ")[5:6] for row in compared[6:]] == [
+        ["| flat", "off", "off", runs[0].stem, "baseline"],
+        ["| flat", "on", "off", runs[1].stem, row_change(compared[7])],
+    ]
+    assert (tmp_path / guest.name / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    doctor = pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "tests/lab/deploys/guest_doctor.py")
+
+    shown = doctor.stderr
+    assert "NCCL with the topology file (the current run, logged from " in shown
+    assert (
+        "UTC): NCCL_TOPO_FILE set by environment to /etc/hostname\n  ranks 0 -> 1: SHM/direct (1 channel)"
+        in shown
+    )
+    assert "NCCL without the topology file (an earlier run, logged from " in shown
+    assert "UTC): NCCL_TOPO_FILE not set\n  ranks 0 -> 1: SHM/direct (1 channel)" in shown
+
+
+def row_change(row: str) -> str:
+    """The row's change at concurrency 1, when it has the shape `+12.3%` (the stand-in's speed varies)."""
+    cell = row.split(" | ")[5]
+    assert re.fullmatch(r"[+-][0-9]+\.[0-9]%", cell), row
+    return cell

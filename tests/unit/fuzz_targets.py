@@ -24,12 +24,15 @@ from hypothesis import strategies as st
 from pvegpu.facts.boot import parse_boot_loader, parse_cmdline, parse_pveversion
 from pvegpu.facts.cpu import parse_cpu_kernel
 from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.guest_state import parse_state
 from pvegpu.facts.hardware import parse_hardware
 from pvegpu.facts.host_checks import parse_host_checks
 from pvegpu.facts.host_driver import parse_host_driver
 from pvegpu.facts.lxc_devices import parse_nvidia_nodes, parse_nvml_version
 from pvegpu.facts.nccl import parse_transports
-from pvegpu.facts.nvidia import parse_apt_source, parse_nvidia_smi, parse_version_file
+from pvegpu.facts.nccl_journal import parse_nccl_runs
+from pvegpu.facts.node_boot import parse_node_boot
+from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.facts.pvegpu_boot import parse_boot_files
 from pvegpu.facts.secret_files import parse_secret_files
@@ -37,7 +40,7 @@ from pvegpu.facts.sglang import parse_probe, parse_venv
 from pvegpu.models.lxc import LxcSpec
 from pvegpu.models.pve import MapEntryError, parse_map_entry
 from pvegpu.models.vm import VmSpec
-from pvegpu.plan.bench import parse_results
+from pvegpu.plan.bench import parse_history, parse_results
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.hostpci import HostPciError, parse_hostpci
 from pvegpu.plan.lxc import LxcDevices, container_config, diff_container, raw_of
@@ -154,6 +157,19 @@ NCCL = (  # NCCL_DEBUG=INFO channel lines, every format parse_transports documen
     "llm:1234:1234 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read",
     "llm:1234:1234 [7] NCCL INFO Channel 03/0 : 15[7] -> 6[6] [send] via NET/Socket/3",
     "llm:1234:1234 [0] NCCL INFO Connected all rings",
+)
+NCCL_JOURNAL = (  # SglangNcclRuns' output: the current invocation, then journalctl -o json entries
+    "current 5a1f",
+    *(
+        json.dumps(
+            {"__REALTIME_TIMESTAMP": "1764612000000000", "_SYSTEMD_INVOCATION_ID": run, "MESSAGE": text}
+        )
+        for run, text in (
+            ("5a1f", "llm:1:1 [0] NCCL INFO NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml"),
+            ("5a1f", NCCL[1]),
+            ("77c0", NCCL[2]),
+        )
+    ),
 )
 LXC_CONFIG = (  # /etc/pve/lxc/200.conf of a container pvegpu made (pct config output)
     "arch: amd64", "cores: 64", "hostname: llm-ct", "memory: 786432", "onboot: 1", "swap: 0",
@@ -288,10 +304,22 @@ TARGETS: tuple[Target, ...] = (
         "boot files (facts.pvegpu_boot.parse_boot_files)", parse_boot_files, (FactParseError,), (BOOT_FILES,)
     ),
     Target(
+        "node boot (facts.node_boot.parse_node_boot)",
+        parse_node_boot,
+        (FactParseError,),
+        ((*BOOT_LOADER, *BOOT_FILES),),
+    ),
+    Target(
         "cpu/kernel (facts.cpu.parse_cpu_kernel)",
         parse_cpu_kernel,
         (FactParseError,),
         (("6.8.12-4-pve", "vendor_id\t: AuthenticAMD"), ("6.18.44-fc-v657-gpu", "vendor_id\t: GenuineIntel")),
+    ),
+    Target(
+        "host state (facts.guest_state.parse_state)",
+        parse_state,
+        (FactParseError,),
+        (fixture("guest_state_lab_vm.txt"),),
     ),
     Target(
         "host checks (facts.host_checks.parse_host_checks)",
@@ -336,19 +364,6 @@ TARGETS: tuple[Target, ...] = (
         (fixture("nvidia_smi_query_h200.txt"), *real("03_nvidia_smi_epyc9374f_4x_rtx6000ada.txt")),
     ),
     Target(
-        "CUDA apt source (facts.nvidia.parse_apt_source)",
-        parse_apt_source,
-        (FactParseError,),
-        (
-            (
-                "keyring yes",
-                "list",
-                "deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
-                "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
-            ),
-        ),
-    ),
-    Target(
         "NCCL log (facts.nccl.parse_transports)",
         parse_transports,
         (FactParseError,),
@@ -364,6 +379,12 @@ TARGETS: tuple[Target, ...] = (
                 for lines in real(name)
             ),
         ),
+    ),
+    Target(
+        "NCCL runs in the journal (facts.nccl_journal.parse_nccl_runs)",
+        parse_nccl_runs,
+        (FactParseError,),
+        (NCCL_JOURNAL,),
     ),
     Target(
         "secret files (facts.secret_files.parse_secret_files)",
@@ -413,6 +434,20 @@ TARGETS: tuple[Target, ...] = (
                         "median_itl_ms": 4.9,
                     }
                 ),
+            ),
+        ),
+    ),
+    Target(
+        "benchmark history (plan.bench.parse_history)",
+        parse_history,
+        (PlanError,),
+        (
+            (
+                '{"host": "gpu-vm", "run": "20261201T180000Z", "settings": {"numa": "host", "p2p": "off", '
+                '"topo_file": "on"}, "rows": [{"concurrency": 1, "completed": 4, "output_throughput": 11.0, '
+                '"request_throughput": 0.1, "median_ttft_ms": 90.0, "p99_ttft_ms": 99.0, '
+                '"median_itl_ms": 9.0}]}',
+                '{"host": "gpu-vm", "run": "20261101T180000Z", "rows": []}',
             ),
         ),
     ),

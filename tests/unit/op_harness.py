@@ -7,6 +7,7 @@ answers from a dict keyed by fact class; nothing connects anywhere.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from pyinfra.api.command import FunctionCommand, StringCommand
@@ -17,9 +18,14 @@ class FakeHost:
     name = "pve1"
     print_prefix = "[pve1] "
 
-    def __init__(self, facts: Mapping[Any, object]) -> None:
+    def __init__(self, facts: Mapping[Any, object], *, diff: bool = False) -> None:
         self.facts = facts
         self.noops: list[str] = []
+        self.logged: list[str] = []
+        self.state = SimpleNamespace(config=SimpleNamespace(DIFF=diff))  # pyinfra's `--diff`
+
+    def log(self, message: str, _log_func: object = None) -> None:
+        self.logged.append(message)
 
     def get_fact(self, fact: type, *_args: object, **_kwargs: Any) -> object:
         return self.facts[fact]

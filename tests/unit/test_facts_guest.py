@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.nvidia import parse_apt_source, parse_nvidia_smi, parse_version_file
+from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
 from pvegpu.facts.sglang import Probe, VenvState, parse_probe, parse_venv
-from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
+from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
 
 # Open flavour: the line shape quoted from open-gpu-kernel-modules #543 (knowledge file, section 4.1); the
 # build details after the version are synthesized. Proprietary: the documented "NVIDIA UNIX x86_64 Kernel
@@ -63,13 +63,6 @@ def test_nvidia_smi_failure_is_its_message() -> None:
     )
     assert parse_nvidia_smi([message, ""]) == NvidiaSmi((), message)
     assert parse_nvidia_smi([]) == NvidiaSmi((), "nvidia-smi printed nothing (not installed?)")
-
-
-def test_apt_source() -> None:
-    assert parse_apt_source(["keyring no"]) == AptSource(False, None)
-    assert parse_apt_source(["keyring yes", "list", "deb x /"]) == AptSource(True, "deb x /\n")
-    with pytest.raises(FactParseError, match=r"expected 'keyring yes\|no' first, got \['x'\]"):
-        parse_apt_source(["x"])
 
 
 def test_venv() -> None:

@@ -9,7 +9,7 @@ from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, parse_nvml_version
-from pvegpu.facts.nvidia import CharDevices, NvidiaModule, char_devices_command
+from pvegpu.facts.nvidia import CharDevices, char_devices_command
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.host_driver import HostDriverState, UnitState
 from pvegpu.models.nvidia import LoadedModule
@@ -18,6 +18,7 @@ from pvegpu.operations.nvidia import device_nodes_present, driver_module
 from pvegpu.operations.render import render
 from pvegpu.plan.driver import KERNEL_PACKAGES, driver_packages
 from pvegpu.plan.lxc import device_nodes
+from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import run_op
 from tests.unit.test_ops_guest import FakeShell, call
 
@@ -114,10 +115,11 @@ def test_container_preferences_forbid_modules_first_then_pin() -> None:
 # --- driver_module in a container --------------------------------------------------------------------
 
 
-def test_noop_container_module_is_the_hosts_pinned_one() -> None:
+def test_noop_container_module_is_the_hosts_pinned_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(module=LoadedModule("open", "580.95.05")))
     commands, noops = run_op(
         driver_module,
-        {NvidiaModule: LoadedModule("open", "580.95.05")},
+        {},
         driver=DRIVER,
         installing=True,
         container=True,
@@ -125,11 +127,14 @@ def test_noop_container_module_is_the_hosts_pinned_one() -> None:
     assert (commands, noops) == ([], ["the host's open NVIDIA kernel module 580.95.05 is loaded"])
 
 
-def test_error_container_names_host_module_and_userspace_versions_never_reboots() -> None:
+def test_error_container_names_host_module_and_userspace_versions_never_reboots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decide_from(monkeypatch, host_state(module=LoadedModule("open", "590.48.01")))
     with pytest.raises(OperationError) as error:
         run_op(
             driver_module,
-            {NvidiaModule: LoadedModule("open", "590.48.01")},
+            {},
             driver=DriverSpec(allow_reboot=True),
             installing=True,
             container=True,
@@ -140,9 +145,10 @@ def test_error_container_names_host_module_and_userspace_versions_never_reboots(
     )
 
 
-def test_error_container_without_host_module() -> None:
+def test_error_container_without_host_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(module=None))
     with pytest.raises(OperationError) as error:
-        run_op(driver_module, {NvidiaModule: None}, driver=DRIVER, installing=False, container=True)
+        run_op(driver_module, {}, driver=DRIVER, installing=False, container=True)
     assert str(error.value) == (
         "the host has no NVIDIA kernel module loaded (/proc/driver/nvidia/version is absent): deploy the "
         "host (profile lxc) first"

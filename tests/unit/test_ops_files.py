@@ -1,4 +1,4 @@
-"""operations.files.write_file: the exact atomic write command, and what it does in a real shell."""
+"""operations.files: the exact atomic write command and the tool runner, and what they do in a real shell."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pwd
 import subprocess
 from pathlib import Path
 
-from pvegpu.operations.files import write_file
+from pvegpu.operations.files import regenerate, write_file
 
 
 def test_write_file_command_stages_checks_and_renames() -> None:
@@ -65,3 +65,32 @@ def test_error_a_missing_directory_names_the_path(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.endswith(f"pvegpu: could not write {target} (left unchanged)\n")
     assert not target.parent.exists()
+
+
+def test_regenerate_command_names_the_tool_when_it_fails() -> None:
+    command = regenerate("update-grub", "/boot/grub/grub.cfg").get_raw_value()
+    assert command == (
+        "update-grub || { rc=$? ; printf 'pvegpu: update-grub failed (exit %s); the next run checks "
+        '/boot/grub/grub.cfg and runs it again\n\' "$rc" >&2 ; exit "$rc" ; }'
+    )
+
+
+def test_regenerate_a_tool_that_succeeds_says_nothing(tmp_path: Path) -> None:
+    result = _run(regenerate(f"touch {tmp_path}/grub.cfg", "grub.cfg").get_raw_value())
+
+    assert (result.returncode, result.stderr) == (0, "")
+    assert (tmp_path / "grub.cfg").exists()
+
+
+def test_error_a_killed_tool_fails_with_its_status_and_a_line_naming_it(tmp_path: Path) -> None:
+    tool = tmp_path / "refresh"
+    tool.write_text("#!/bin/sh\nkill -9 $$\n")
+    tool.chmod(0o755)
+
+    result = _run(regenerate(f"{tool} all", "the ESPs' loader entries").get_raw_value())
+
+    assert result.returncode == 137
+    assert result.stderr.endswith(
+        f"pvegpu: {tool} all failed (exit 137); the next run checks the ESPs' loader entries and runs it "
+        "again\n"
+    )

@@ -3,6 +3,7 @@ sentence, or the error; FunctionCommands run against a fake shell that answers l
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,16 +11,16 @@ from typing import Any
 import pytest
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.facts.files import File
 
-from pvegpu.facts.nvidia import CudaAptSource, NvidiaGpus, NvidiaModule
-from pvegpu.facts.sglang import Probe, SglangProbe, SglangVenv, VenvState
+from pvegpu.facts.guest_state import MISSING, PathState
+from pvegpu.facts.sglang import Probe, SglangProbe, VenvState
 from pvegpu.models.driver import DriverSpec
-from pvegpu.models.nvidia import AptSource, LoadedModule, NvidiaGpu, NvidiaSmi
+from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
 from pvegpu.operations.files import write_file
 from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified
 from pvegpu.operations.reboot import REBOOT
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
+from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import run_op
 
 LIST = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
@@ -49,6 +50,11 @@ class FakeShell:
     def __init__(self, answers: Mapping[str, list[str]]) -> None:
         self.answers = answers
         self.ran: list[str] = []
+        self.failed: list[str] = []
+
+    def log_styled(self, message: str, **_kwargs: object) -> None:
+        """How a failing command fails its host: one logged line (pvegpu.operations.api_command)."""
+        self.failed.append(message)
 
     def run_shell_command(self, command: StringCommand, print_output: bool = False) -> tuple[bool, _Output]:
         del print_output
@@ -69,21 +75,30 @@ class FakeShell:
 
 def call(command: object, shell: FakeShell) -> None:
     assert isinstance(command, FunctionCommand)
-    function: Callable[..., None] = command.function
-    function(None, shell)
+    function: Callable[..., bool] = command.function
+    if function(None, shell) is False:  # the host failed in one line: its error, as pyinfra would stop
+        raise OperationError(shell.failed[-1])
 
 
 # --- cuda_repository --------------------------------------------------------------------------
 
 
-def repository(state: AptSource) -> tuple[list[Any], list[str]]:
-    return run_op(
-        cuda_repository, {CudaAptSource: state}, source_line=LINE, list_path=LIST, keyring_url=KEYRING_URL
-    )
+KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 
 
-def test_create_repository_fetches_keyring_writes_list_updates() -> None:
-    commands, noops = repository(AptSource(keyring=False, content=None))
+def _file(content: str) -> PathState:
+    return PathState("file", "644", "root", "root", hashlib.sha256(content.encode()).hexdigest())
+
+
+def repository(
+    monkeypatch: pytest.MonkeyPatch, keyring: PathState, listed: PathState
+) -> tuple[list[Any], list[str]]:
+    decide_from(monkeypatch, host_state(paths={KEYRING: keyring, LIST: listed}))
+    return run_op(cuda_repository, {}, source_line=LINE, list_path=LIST, keyring_url=KEYRING_URL)
+
+
+def test_create_repository_fetches_keyring_writes_list_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    commands, noops = repository(monkeypatch, MISSING, MISSING)
     assert commands == [
         f"/usr/lib/apt/apt-helper download-file {KEYRING_URL} /tmp/pvegpu-cuda-keyring.deb && "
         "dpkg --force-confold -i /tmp/pvegpu-cuda-keyring.deb && rm -f /tmp/pvegpu-cuda-keyring.deb",
@@ -93,14 +108,14 @@ def test_create_repository_fetches_keyring_writes_list_updates() -> None:
     assert noops == []
 
 
-def test_update_repository_replaces_keyrings_list_with_the_mirror() -> None:
+def test_update_repository_replaces_keyrings_list_with_the_mirror(monkeypatch: pytest.MonkeyPatch) -> None:
     nvidia = LINE.replace("file:/srv/pvegpu-lab/apt/", "https://developer.download.nvidia.com/x/")
-    commands, _ = repository(AptSource(keyring=True, content=nvidia))
+    commands, _ = repository(monkeypatch, _file("key"), _file(nvidia))
     assert commands == [write_file(LIST, LINE).get_raw_value(), "apt-get update -qq"]
 
 
-def test_noop_repository() -> None:
-    commands, noops = repository(AptSource(keyring=True, content=LINE))
+def test_noop_repository(monkeypatch: pytest.MonkeyPatch) -> None:
+    commands, noops = repository(monkeypatch, _file("key"), _file(LINE))
     assert (commands, noops) == (
         [],
         [
@@ -113,13 +128,15 @@ def test_noop_repository() -> None:
 # --- driver_module ----------------------------------------------------------------------------
 
 
-def test_noop_module_loaded() -> None:
-    commands, noops = run_op(driver_module, {NvidiaModule: OPEN_580}, driver=DRIVER, installing=False)
+def test_noop_module_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(module=OPEN_580))
+    commands, noops = run_op(driver_module, {}, driver=DRIVER, installing=False)
     assert (commands, noops) == ([], ["the open NVIDIA kernel module 580.95.05 is loaded"])
 
 
-def test_error_module_still_old_after_install_without_allow_reboot() -> None:
-    commands, _ = run_op(driver_module, {NvidiaModule: None}, driver=DRIVER, installing=True)
+def test_error_module_still_old_after_install_without_allow_reboot(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(module=None))
+    commands, _ = run_op(driver_module, {}, driver=DRIVER, installing=True)
     assert commands[0] == "modprobe nvidia 2>/dev/null || true"  # nothing loaded: load the new one
     assert len(commands) == 2
     old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
@@ -135,7 +152,8 @@ def test_error_module_still_old_after_install_without_allow_reboot() -> None:
 def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pvegpu.operations.reboot._DELAY_S", 0.0)
     driver = DriverSpec(allow_reboot=True)
-    commands, _ = run_op(driver_module, {NvidiaModule: OPEN_580}, driver=driver, installing=True)
+    decide_from(monkeypatch, host_state(module=OPEN_580))
+    commands, _ = run_op(driver_module, {}, driver=driver, installing=True)
     old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
     shell = FakeShell({"cat": [old]})
     reboot = REBOOT
@@ -151,9 +169,10 @@ def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: 
     assert shell.ran == [cat, REBOOT, "<disconnect>", "<connect>", cat]
 
 
-def test_update_module_reboots_only_when_still_mismatched() -> None:
+def test_update_module_reboots_only_when_still_mismatched(monkeypatch: pytest.MonkeyPatch) -> None:
     driver = DriverSpec(allow_reboot=True)
-    commands, _ = run_op(driver_module, {NvidiaModule: None}, driver=driver, installing=True)
+    decide_from(monkeypatch, host_state(module=None))
+    commands, _ = run_op(driver_module, {}, driver=driver, installing=True)
     shell = FakeShell({"cat": [OPEN_580_FILE]})
     call(commands[1], shell)
     assert shell.ran == ["cat /proc/driver/nvidia/version 2>/dev/null || true"]  # already loaded: no reboot
@@ -163,19 +182,17 @@ def test_update_module_reboots_only_when_still_mismatched() -> None:
 # --- driver_verified --------------------------------------------------------------------------
 
 
-def test_noop_verified() -> None:
-    facts = {NvidiaModule: OPEN_580, NvidiaGpus: EIGHT}
-    commands, noops = run_op(driver_verified, facts, driver=DRIVER, gpu_count=8, installing=False)
+def test_noop_verified(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(module=OPEN_580, smi=EIGHT))
+    commands, noops = run_op(driver_verified, {}, driver=DRIVER, gpu_count=8, installing=False)
     assert (commands, noops) == ([], ["nvidia-smi lists 8 GPUs on the open kernel module 580.95.05"])
 
 
-def test_error_verified_names_every_problem() -> None:
-    facts = {
-        NvidiaModule: LoadedModule("proprietary", "580.95.05"),
-        NvidiaGpus: NvidiaSmi(EIGHT.gpus[:7], None),
-    }
+def test_error_verified_names_every_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    proprietary = LoadedModule("proprietary", "580.95.05")
+    decide_from(monkeypatch, host_state(module=proprietary, smi=NvidiaSmi(EIGHT.gpus[:7], None)))
     with pytest.raises(OperationError) as error:
-        run_op(driver_verified, facts, driver=DRIVER, gpu_count=8, installing=False)
+        run_op(driver_verified, {}, driver=DRIVER, gpu_count=8, installing=False)
     assert str(error.value) == (
         "the loaded kernel module is the proprietary 580.95.05, not the pinned open 580.95.05; "
         "nvidia-smi lists 7 GPUs, expected 8 (node.gpus.count)"
@@ -195,14 +212,15 @@ def test_create_verified_checks_on_the_host_after_install() -> None:
 # --- sglang_venv, model_download ----------------------------------------------------------------
 
 
-def venv(state: VenvState, pip_args: tuple[str, ...] = ()) -> tuple[list[Any], list[str]]:
-    return run_op(
-        sglang_venv, {SglangVenv: state}, venv="/opt/sglang/venv", version="0.5.23", pip_args=pip_args
-    )
+def venv(
+    monkeypatch: pytest.MonkeyPatch, state: VenvState, pip_args: tuple[str, ...] = ()
+) -> tuple[list[Any], list[str]]:
+    decide_from(monkeypatch, host_state(venvs={"/opt/sglang/venv": state}))
+    return run_op(sglang_venv, {}, venv="/opt/sglang/venv", version="0.5.23", pip_args=pip_args)
 
 
-def test_create_venv_and_install_pinned_from_mirror() -> None:
-    commands, _ = venv(VenvState(False, None), ("--no-index", "--find-links", "/srv/wheels"))
+def test_create_venv_and_install_pinned_from_mirror(monkeypatch: pytest.MonkeyPatch) -> None:
+    commands, _ = venv(monkeypatch, VenvState(False, None), ("--no-index", "--find-links", "/srv/wheels"))
     assert commands == [
         "python3 -m venv /opt/sglang/venv",
         "/opt/sglang/venv/bin/pip install --disable-pip-version-check --quiet --no-index --find-links "
@@ -210,22 +228,23 @@ def test_create_venv_and_install_pinned_from_mirror() -> None:
     ]
 
 
-def test_update_venv_other_version() -> None:
-    commands, _ = venv(VenvState(True, "0.5.20"))
+def test_update_venv_other_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    commands, _ = venv(monkeypatch, VenvState(True, "0.5.20"))
     assert commands == ["/opt/sglang/venv/bin/pip install --disable-pip-version-check --quiet sglang==0.5.23"]
 
 
-def test_noop_venv_local_label_matches_pin() -> None:
-    assert venv(VenvState(True, "0.5.23+pvegpulab")) == (
+def test_noop_venv_local_label_matches_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert venv(monkeypatch, VenvState(True, "0.5.23+pvegpulab")) == (
         [],
         ["venv /opt/sglang/venv has sglang 0.5.23+pvegpulab"],
     )
 
 
-def test_create_model_download_token_by_path_only() -> None:
+def test_create_model_download_token_by_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(paths={"/models/GLM-5-NVFP4/config.json": MISSING}))
     commands, _ = run_op(
         model_download,
-        {File: None},
+        {},
         model_path="/models/GLM-5-NVFP4",
         repo="nvidia/GLM-5-NVFP4",
         venv="/opt/sglang/venv",
@@ -238,10 +257,9 @@ def test_create_model_download_token_by_path_only() -> None:
     ]
 
 
-def test_noop_model_present() -> None:
-    result = run_op(
-        model_download, {File: {"size": 1}}, model_path="/m", repo="a/b", venv="/v", user="sglang"
-    )
+def test_noop_model_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state(paths={"/m/config.json": _file("{}")}))
+    result = run_op(model_download, {}, model_path="/m", repo="a/b", venv="/v", user="sglang")
     assert result == ([], ["/m holds a model (config.json is there): no download"])
 
 

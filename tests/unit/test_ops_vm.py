@@ -485,7 +485,7 @@ def test_error_locked_vm_is_not_started() -> None:
 
 def test_error_half_made_vm_after_an_unlock_is_reported_never_accepted() -> None:
     half = {"scsi0": "local-lvm:200,iothread=1", "net0": "virtio,bridge=vmbr0", **CONFIG, "digest": "h1"}
-    api = FakeApi({("GET", CONFIG_PATH): half})
+    api = FakeApi({("GET", CONFIG_PATH): half, ("GET", TASKS): [DEAD_CREATE]})  # no record: not pvegpu's
 
     with pytest.raises(OperationError) as error:
         converge(api)

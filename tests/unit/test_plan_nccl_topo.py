@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from pyinfra.facts.files import Sha256File
 
 from lab.fakesys import write_tree
 from lab.pve.guest import ROOT_PORTS, Passed, q35_guest
 from lab.topologies import NVIDIA, TOPOLOGIES
 from lab.topology import place
+from pvegpu.facts.guest_state import MISSING, PathState
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.hardware import HostHardware, Link
 from pvegpu.operations.files import write_file
@@ -33,6 +33,7 @@ from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl_topo import LEFT_TO_NCCL, Q35_ROOT_PORTS, TOPO_FILE, plan_nccl_topo
 from pvegpu.plan.topology import Topology, plan_vendor_topology
+from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import run_op
 
 WITH_CARDS = sorted(
@@ -423,13 +424,15 @@ def test_error_a_guest_gpu_not_behind_a_hostpci_root_port(reference: Box) -> Non
     )
 
 
-def test_the_file_is_written_only_when_it_differs() -> None:
+def test_the_file_is_written_only_when_it_differs(monkeypatch: pytest.MonkeyPatch) -> None:
     content = REFERENCE_XML
-    same = hashlib.sha256(content.encode()).hexdigest()
+    same = PathState("file", "644", "root", "root", hashlib.sha256(content.encode()).hexdigest())
 
-    assert run_op(nccl_topo_file, {Sha256File: same}, content=content) == (
+    decide_from(monkeypatch, host_state(paths={TOPO_FILE: same}))
+    assert run_op(nccl_topo_file, {}, content=content) == (
         [],
         ["/etc/pvegpu/nccl-topo.xml already describes the host's GPU layout"],
     )
-    commands, noops = run_op(nccl_topo_file, {Sha256File: None}, content=content)
+    decide_from(monkeypatch, host_state(paths={TOPO_FILE: MISSING}))
+    commands, noops = run_op(nccl_topo_file, {}, content=content)
     assert (commands, noops) == ([write_file(TOPO_FILE, content).get_raw_value()], [])

@@ -16,7 +16,7 @@ from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import GpuSelector
 from pvegpu.operations.pve_guest import VM, guest_parked, guest_running, maps_gpus
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
-from pvegpu.operations.vfio import vfio_config
+from pvegpu.operations.vfio import UPDATE_INITRAMFS, vfio_config
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.profile import HostProfile, held_by_vfio, host_profile, profile_functions
 from pvegpu.plan.reboot import pending_reasons
@@ -113,14 +113,14 @@ def test_update_vfio_removed_both_dropins_then_update_initramfs() -> None:
     )
     assert commands == [
         "rm -f /etc/modules-load.d/pvegpu-vfio.conf /etc/modprobe.d/pvegpu-vfio.conf",
-        "update-initramfs -u -k all",
+        UPDATE_INITRAMFS.get_raw_value(),
     ]
     assert noops == []
 
 
 def test_update_vfio_removed_only_the_dropin_left() -> None:
     commands, _ = run_op(vfio_config, {}, files=written_files(modprobe="blacklist nvidia\n"), present=False)
-    assert commands == ["rm -f /etc/modprobe.d/pvegpu-vfio.conf", "update-initramfs -u -k all"]
+    assert commands == ["rm -f /etc/modprobe.d/pvegpu-vfio.conf", UPDATE_INITRAMFS.get_raw_value()]
 
 
 def test_noop_vfio_dropins_absent() -> None:

@@ -42,6 +42,7 @@ from pvegpu.pve import (
     CommandTransport,
     PveClient,
     PveConnectionError,
+    PveConnectionLostError,
     PveError,
     TaskFailedError,
     TaskTimeoutError,
@@ -387,6 +388,7 @@ class Recorded:
 
     responses: dict[tuple[str, str], tuple[int, str, object]]
     received: list[tuple[str, str, str, str]] = field(default_factory=list)
+    drops: int = 0  # requests received and then cut off: the connection closes without an answer
 
 
 def _serve(recorded: Recorded, cert: Path, key: Path) -> tuple[ThreadingHTTPServer, int]:
@@ -395,6 +397,10 @@ def _serve(recorded: Recorded, cert: Path, key: Path) -> tuple[ThreadingHTTPServ
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length).decode()
             recorded.received.append((self.command, self.path, body, self.headers.get("Authorization", "")))
+            if recorded.drops:
+                recorded.drops -= 1
+                self.close_connection = True
+                return
             path = self.path.split("?", 1)[0]
             status, reason, payload = recorded.responses[(self.command, path)]
             data = json.dumps(payload).encode()
@@ -502,6 +508,40 @@ def test_https_pinned_fingerprint_sends_map_repeated(
     assert body == "id=gpu0&map=" + "&map=".join(
         m.replace(":", "%3A").replace(",", "%2C").replace("=", "%3D") for m in (MAP_1, MAP_2)
     )
+
+
+def test_drift_https_read_the_connection_drops_under_is_sent_once_more(
+    https_api: tuple[Recorded, int], certificate: tuple[Path, Path, str]
+) -> None:
+    recorded, port = https_api
+    api = connect_https("127.0.0.1", "root@pam!pvegpu", "secret", port=port, fingerprint=certificate[2])
+    recorded.drops = 1
+
+    assert api.mappings(check_node="pve1") == (MappingState(PciMapping("gpu0", (MAP_1,)), DIGEST, ()),)
+
+    assert [(method, path) for method, path, _, _ in recorded.received] == [
+        ("GET", "/api2/json/cluster/mapping/pci?check-node=pve1")
+    ] * 2
+
+
+def test_error_https_write_the_connection_drops_under_is_not_sent_again(
+    https_api: tuple[Recorded, int], certificate: tuple[Path, Path, str]
+) -> None:
+    recorded, port = https_api
+    api = connect_https("127.0.0.1", "root@pam!pvegpu", "secret", port=port, fingerprint=certificate[2])
+    recorded.drops = 1
+
+    with pytest.raises(PveConnectionLostError) as raised:
+        api.create_mapping(PciMapping("gpu0", (MAP_1,)))
+
+    assert (raised.value.endpoint, raised.value.message) == (
+        "POST /cluster/mapping/pci",
+        f"https://127.0.0.1:{port}/api2/json: connection lost after the call was sent: "
+        "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))",
+    )
+    assert [(method, path) for method, path, _, _ in recorded.received] == [
+        ("POST", "/api2/json/cluster/mapping/pci")
+    ]
 
 
 def test_error_https_wrong_fingerprint_is_refused(https_api: tuple[Recorded, int]) -> None:

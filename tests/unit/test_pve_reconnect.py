@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pvegpu.pve import PveConnectionError, connect_ssh
+from pvegpu.pve import PveConnectionError, PveConnectionLostError, connect_ssh
 
 
 def _key(path: Path) -> paramiko.Ed25519Key:
@@ -40,6 +40,7 @@ class Node:
     transports: list[paramiko.Transport] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     connections: int = 0
+    drops: int = 0  # commands received and then cut off: the connection ends before they answer
 
     def reboot(self) -> None:
         """Drop every connection, as the node going down does, and stay down a moment: a real reboot takes
@@ -68,6 +69,15 @@ class _Server(paramiko.ServerInterface):
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         self.node.commands.append(command.decode())
+        if self.node.drops:
+            self.node.drops -= 1
+
+            def cut() -> None:
+                time.sleep(0.5)  # after paramiko's reply to the exec request: the command was sent
+                channel.get_transport().close()
+
+            threading.Thread(target=cut, daemon=True).start()
+            return True
 
         def answer() -> None:
             channel.sendall(b"[]\n")
@@ -135,4 +145,32 @@ def test_error_a_node_that_does_not_come_back_fails_the_call_in_one_line(node: t
     where = f"GET /cluster/mapping/pci: ssh root@127.0.0.1:{state.port}: reconnecting: "
     assert error.value.line.startswith(where)
     assert "\n" not in error.value.line
+    assert state.connections == 2
+
+
+def test_drift_a_read_the_connection_drops_under_is_sent_once_more(node: tuple[Node, str, str]) -> None:
+    state, key, known = node
+    api = connect_ssh("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    state.drops = 1
+
+    assert api.mappings() == ()
+
+    assert state.connections == 2
+    assert state.commands == ["pvesh get /cluster/mapping/pci --output-format json"] * 2
+
+
+def test_error_a_write_the_connection_drops_under_is_not_sent_again(node: tuple[Node, str, str]) -> None:
+    state, key, known = node
+    api = connect_ssh("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    state.drops = 1
+
+    with pytest.raises(PveConnectionLostError) as error:
+        api.delete_mapping("gpu0")
+
+    assert error.value.line == (
+        f"DELETE /cluster/mapping/pci/gpu0: ssh root@127.0.0.1:{state.port}: "
+        "connection lost after the command was sent: no exit status"
+    )
+    assert state.commands == ["pvesh delete /cluster/mapping/pci/gpu0 --output-format json"]
+    assert api.mappings() == ()  # the next call reconnects
     assert state.connections == 2

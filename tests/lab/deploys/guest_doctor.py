@@ -1,6 +1,6 @@
 """Test deploy: the read-only NCCL transport report of the SGLang role (what deploy/doctor.py runs on
 serving hosts)."""
 
-from roles.sglang import nccl_transports
+from roles.nccl_doctor import nccl_transports
 
 nccl_transports()

@@ -1,0 +1,334 @@
+"""A serving host's state, everything its roles decide from, read with ONE shell command (`GuestState`).
+
+`state_command(request)` prints sections, each opened by a marker line `#pvegpu:<name>`, in this order:
+
+    os        /etc/os-release
+    kernel    `uname -r`
+    packages  `<status abbrev>\\t<package>\\t<version>` for every package dpkg knows (`dpkg-query -W`)
+    paths     per requested path: `<kind> <mode> <user> <group> <sha256|->\\t<path>` (kind f|d|l|o; the sha256
+              only of a regular file), or `missing\\t<path>`
+    units     `systemctl show` of the requested units: `Id=`, `SubState=`, `UnitFileState=` blocks
+    users     per requested user that exists: its passwd line, then `:<primary group name>`
+    groups    per requested group that exists: its group line
+    venvs     per requested venv: `none\\t<venv>` (no interpreter) or `version <v>|none\\t<venv>` (sglang's)
+    module    the NVIDIA version file (nothing: no module loaded)
+    smi       nvidia-smi's GPU list, or its message (`pvegpu.facts.nvidia`)
+    secrets   the `SecretFiles` lines of the requested key files (counts only, never content)
+    end
+
+`parse_state` is pure and strict: output of another shape raises FactParseError naming the line. A request
+names only what the plan knows before anything is read (the roles' paths, units, users, venvs), so one read
+serves every operation of a run (`pvegpu.host_state`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.nvidia import nvidia_smi_command, parse_nvidia_smi, parse_version_file
+from pvegpu.facts.parsing import ParseError
+from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
+from pvegpu.facts.sections import marker, split_sections
+from pvegpu.facts.sglang import VERSION_SCRIPT, VenvState, parse_venv
+from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.models.secret_file import SecretFile
+
+SECTIONS = (
+    "os", "kernel", "packages", "paths", "units", "users", "groups", "venvs", "module", "smi", "secrets",
+    "end",
+)  # fmt: skip
+# pyinfra's readings of systemd's states (pyinfra.facts.systemd): these SubStates are "running", these
+# UnitFileStates "enabled"; the operations that replace pyinfra's decide exactly as it did.
+RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mounted"})
+ENABLED_STATES = frozenset({"enabled", "static"})
+# dpkg's installed states as pyinfra's DebPackages reads them (`ii`, `hi`: installed, held or not).
+_INSTALLED = ("ii", "hi")
+_PATH_LINE = re.compile(r"([fdlo]) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-)")
+_OS_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
+
+PathKind = Literal["file", "directory", "link", "other", "missing"]
+_KINDS: dict[str, PathKind] = {"f": "file", "d": "directory", "l": "link", "o": "other"}
+
+
+@dataclass(frozen=True)
+class StateRequest:
+    """What to read besides the fixed parts (OS, kernel, packages, module, nvidia-smi)."""
+
+    paths: tuple[str, ...] = ()
+    units: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    venvs: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
+    version_file: str = "/proc/driver/nvidia/version"
+
+
+@dataclass(frozen=True)
+class PathState:
+    """One path: its kind (a link is not followed), mode (octal digits, e.g. `644`), owner, and the sha256 of
+    a regular file's content."""
+
+    kind: PathKind
+    mode: str = ""
+    user: str = ""
+    group: str = ""
+    sha256: str | None = None
+
+
+MISSING = PathState("missing")
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """A systemd unit as pyinfra's SystemdStatus / SystemdEnabled facts read it."""
+
+    running: bool
+    enabled: bool
+
+
+@dataclass(frozen=True)
+class UserEntry:
+    """A passwd entry and its primary group's name."""
+
+    name: str
+    home: str
+    shell: str
+    group: str
+
+
+@dataclass(frozen=True)
+class HostState:
+    """The parsed output (module docstring). `path` of a path that was not requested raises KeyError: an
+    operation deciding from a read that never looked would change the host on every run."""
+
+    os_release: Mapping[str, str]
+    kernel: str
+    packages: Mapping[str, frozenset[str]]
+    paths: Mapping[str, PathState]
+    units: Mapping[str, UnitState]
+    users: Mapping[str, UserEntry]
+    groups: frozenset[str]
+    venvs: Mapping[str, VenvState]
+    module: LoadedModule | None
+    smi: NvidiaSmi
+    secrets: Mapping[str, SecretFile] = field(default_factory=dict)
+
+    def path(self, path: str) -> PathState:
+        if path not in self.paths:
+            raise KeyError(f"{path} is not in the host state read (pvegpu.host_state.state_request)")
+        return self.paths[path]
+
+
+def _open(section: str) -> str:
+    return f"echo {shlex.quote(marker(section))}"
+
+
+def _words(items: Sequence[str]) -> str:
+    return " ".join(shlex.quote(item) for item in items)
+
+
+_PATH_SCRIPT = (
+    'if [ -L "$p" ]; then k=l; elif [ -f "$p" ]; then k=f; elif [ -d "$p" ]; then k=d; '
+    'elif [ -e "$p" ]; then k=o; else printf "missing\\t%s\\n" "$p"; continue; fi; '
+    'if [ $k = f ]; then h=$(sha256sum < "$p") && h=${h%% *} || h=-; else h=-; fi; '
+    'printf "%s %s %s\\t%s\\n" $k "$(stat -c "%a %U %G" -- "$p")" "$h" "$p"'
+)
+
+
+def state_command(request: StateRequest) -> str:
+    """The one command (module docstring); it exits 0 whatever it finds."""
+    secrets = SecretFiles().command(request.secrets) if request.secrets else "true"
+    venvs = (
+        f"s={shlex.quote(VERSION_SCRIPT)}; "
+        f'for v in {_words(request.venvs)}; do if [ -x "$v/bin/python" ]; then '
+        'printf "%s\\t%s\\n" "$("$v/bin/python" -c "$s" 2>&1 | tail -n 1)" "$v"; '
+        'else printf "none\\t%s\\n" "$v"; fi; done'
+        if request.venvs
+        else "true"
+    )
+    parts = [
+        f"{_open('os')}; cat /etc/os-release 2>/dev/null",
+        f"{_open('kernel')}; uname -r",
+        f"{_open('packages')}; "
+        "dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null",
+        f"{_open('paths')}; for p in {_words(request.paths)}; do {_PATH_SCRIPT}; done"
+        if request.paths
+        else f"{_open('paths')}",
+        f"{_open('units')}; if [ -n {shlex.quote(' '.join(request.units))} ] && command -v systemctl "
+        ">/dev/null; then systemctl show --property Id --property SubState --property UnitFileState "
+        f"{_words(request.units)} 2>/dev/null; fi",
+        f"{_open('users')}; for u in {_words(request.users)}; do "
+        'e=$(getent passwd "$u") && printf "%s:%s\\n" "$e" "$(id -gn "$u")"; done'
+        if request.users
+        else f"{_open('users')}",
+        f'{_open("groups")}; for g in {_words(request.groups)}; do getent group "$g"; done'
+        if request.groups
+        else f"{_open('groups')}",
+        f"{_open('venvs')}; {venvs}",
+        f"{_open('module')}; cat {shlex.quote(request.version_file)} 2>/dev/null",
+        f"{_open('smi')}; {nvidia_smi_command()}",
+        f"{_open('secrets')}; {secrets}",
+        f"{_open('end')}",
+    ]
+    return "; ".join(f"{{ {part}; }}" for part in parts)
+
+
+def parse_state(lines: Sequence[str]) -> HostState:
+    """The `HostState` of `state_command`'s output. Pure; FactParseError naming the line for another shape."""
+    sections = split_sections(lines, SECTIONS)
+
+    def text(name: str) -> list[str]:
+        return [line for _, line in sections[name]]
+
+    try:
+        return HostState(
+            os_release=_os_release(sections["os"]),
+            kernel=_kernel(sections["kernel"]),
+            packages=_packages(sections["packages"]),
+            paths=_paths(sections["paths"]),
+            units=_units(sections["units"]),
+            users=_users(sections["users"]),
+            groups=frozenset(_groups(sections["groups"])),
+            venvs=_venvs(sections["venvs"]),
+            module=parse_version_file(text("module")),
+            smi=parse_nvidia_smi(text("smi")),
+            secrets=parse_secret_files(text("secrets")),
+        )
+    except FactParseError:
+        raise
+    except ParseError as error:
+        raise FactParseError(str(error)) from None
+
+
+def _fail(number: int, line: str, what: str) -> FactParseError:
+    return FactParseError(f"host state: line {number}: {line!r} is not {what}")
+
+
+def _os_release(lines: list[tuple[int, str]]) -> dict[str, str]:
+    values = {}
+    for number, line in lines:
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _OS_LINE.fullmatch(line)
+        if match is None:
+            raise _fail(number, line, "an os-release KEY=value line")
+        try:
+            words = shlex.split(match[2])
+        except ValueError:
+            raise _fail(number, line, "an os-release KEY=value line") from None
+        values[match[1]] = " ".join(words)
+    return values
+
+
+def _kernel(lines: list[tuple[int, str]]) -> str:
+    if len(lines) != 1 or not lines[0][1].strip() or len(lines[0][1].split()) != 1:
+        raise FactParseError(f"host state: expected one kernel release line, got {[t for _, t in lines]!r}")
+    return lines[0][1].strip()
+
+
+def _packages(lines: list[tuple[int, str]]) -> dict[str, frozenset[str]]:
+    found: dict[str, set[str]] = {}
+    for number, line in lines:
+        fields = line.split("\t")
+        if len(fields) != 3 or not fields[1]:
+            raise _fail(number, line, "a dpkg-query status/package/version line")
+        status, name, version = fields
+        if status[:2] in _INSTALLED and version:
+            found.setdefault(name, set()).add(version)
+    return {name: frozenset(versions) for name, versions in found.items()}
+
+
+def _paths(lines: list[tuple[int, str]]) -> dict[str, PathState]:
+    paths = {}
+    for number, line in lines:
+        head, tab, path = line.partition("\t")
+        if not tab or not path.startswith("/"):
+            raise _fail(number, line, "a path state line")
+        if head == "missing":
+            paths[path] = MISSING
+            continue
+        match = _PATH_LINE.fullmatch(head)
+        if match is None:
+            raise _fail(number, line, "a path state line")
+        kind, mode, user, group, digest = match.groups()
+        sha256 = None if digest == "-" else digest
+        paths[path] = PathState(_KINDS[kind], mode.lstrip("0").zfill(3), user, group, sha256)
+    return paths
+
+
+def _units(lines: list[tuple[int, str]]) -> dict[str, UnitState]:
+    units: dict[str, UnitState] = {}
+    block: dict[str, str] = {}
+
+    def close() -> None:
+        if block:
+            unit = block.get("Id", "")
+            units[unit] = UnitState(
+                running=block.get("SubState", "") in RUNNING_SUBSTATES,
+                enabled=block.get("UnitFileState", "") in ENABLED_STATES,
+            )
+            block.clear()
+
+    for number, line in [*lines, (0, "")]:
+        if not line.strip():
+            close()
+            continue
+        key, equals, value = line.partition("=")
+        if not equals or key not in ("Id", "SubState", "UnitFileState") or (key == "Id" and not value):
+            raise _fail(number, line, "a systemctl show Id/SubState/UnitFileState line")
+        block[key] = value
+    return units
+
+
+def _users(lines: list[tuple[int, str]]) -> dict[str, UserEntry]:
+    users = {}
+    for number, line in lines:
+        fields = line.split(":")
+        if len(fields) != 8 or not fields[0]:
+            raise _fail(number, line, "a passwd line with its primary group")
+        users[fields[0]] = UserEntry(fields[0], home=fields[5], shell=fields[6], group=fields[7])
+    return users
+
+
+def _groups(lines: list[tuple[int, str]]) -> list[str]:
+    names = []
+    for number, line in lines:
+        fields = line.split(":")
+        if len(fields) != 4 or not fields[0]:
+            raise _fail(number, line, "a group line")
+        names.append(fields[0])
+    return names
+
+
+def _venvs(lines: list[tuple[int, str]]) -> dict[str, VenvState]:
+    venvs = {}
+    for number, line in lines:
+        head, tab, venv = line.partition("\t")
+        if not tab or not venv:
+            raise _fail(number, line, "a venv line")
+        try:
+            venvs[venv] = parse_venv([] if head == "none" else [head])
+        except FactParseError:
+            raise _fail(number, line, "a venv line") from None
+    return venvs
+
+
+class GuestState(FactBase[HostState]):
+    """`host.get_fact(GuestState, request=StateRequest(...))` (module docstring). Read it through
+    `pvegpu.host_state.state_of`, which reads it once per host and run."""
+
+    @override
+    def command(self, request: StateRequest) -> str:
+        return state_command(request)
+
+    @override
+    def process(self, output: list[str]) -> HostState:
+        return parse_state(output)

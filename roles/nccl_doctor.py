@@ -1,0 +1,35 @@
+"""nccl_doctor: the read-only NCCL report of a serving host (deploy/doctor.py): the transports the running
+SGLang service uses, checked against the profile; on a VM guest also what NCCL logged with and without its
+topology file (`NCCL_TOPO_FILE`), read from the service's journal (why there: `pvegpu.facts.nccl_journal`).
+"""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.context import host
+
+from pvegpu.facts.nccl import check_transports, summarize
+from pvegpu.facts.nccl_journal import topology_file_report
+from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclRuns
+from pvegpu.host_plan import plan_of
+from pvegpu.plan.sglang_service import SERVICE
+
+
+@deploy("Report the NCCL transports SGLang uses")
+def nccl_transports() -> None:
+    """Read-only: the transport per rank pair from the running service's NCCL log, and a warning for each pair
+    that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P). On a VM guest, first the latest
+    run with the topology file and the latest without it, each with what NCCL said of the file and its
+    transports: the runs the operator compares (README, "measure each step")."""
+    plan = plan_of(host)
+    node, single_node = plan.specs.node, plan.specs.sglang.nnodes == 1
+    if node.profile == "vm":
+        for block in topology_file_report(host.get_fact(SglangNcclRuns)):
+            logger.info(f"{host.print_prefix}{block}")
+    records = host.get_fact(SglangNcclChannels)
+    pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
+    if pairs:
+        logger.info(f"{host.print_prefix}NCCL transports of {SERVICE} (profile {node.profile}):\n{pairs}")
+    for warning in check_transports(node.profile, records, single_node=single_node):
+        logger.warning(f"{host.print_prefix}{warning}")

@@ -1,0 +1,115 @@
+"""The host state read (pvegpu/facts/guest_state.py): the parser on a real capture from a lab VM guest, the
+command run here with sh on real files, and the errors for output of another shape."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.guest_state import (
+    MISSING,
+    PathState,
+    StateRequest,
+    UnitState,
+    UserEntry,
+    parse_state,
+    state_command,
+)
+from pvegpu.facts.sglang import VenvState
+from pvegpu.models.nvidia import LoadedModule
+from tests.unit.fuzz_targets import fixture
+
+SAMPLE = fixture("guest_state_lab_vm.txt")
+
+
+def test_parse_real_lab_guest() -> None:
+    state = parse_state(SAMPLE)
+    assert (state.os_release["ID"], state.os_release["VERSION_ID"], state.kernel) == (
+        "debian",
+        "12",
+        "6.18.44-fc-v1045",
+    )
+    assert state.packages["nvidia-open"] == frozenset({"580.95.05-1"})
+    assert state.packages["linux-headers-6.18.44-fc-v1045"] == frozenset({"1+pvegpulab"})
+    assert state.path("/etc/pvegpu/sglang.env") == PathState(
+        "file", "600", "root", "root", "7528240cdc51de27fc663ebd4cb06ced866304ed571b881f6a5cf035e2846920"
+    )
+    assert state.path("/var/lib/sglang") == PathState("directory", "755", "sglang", "sglang", None)
+    assert state.path("/models/GLM-5-NVFP4/config.json") == MISSING
+    with pytest.raises(KeyError):
+        state.path("/not/requested")
+    assert state.units == {
+        "nvidia-persistenced.service": UnitState(running=True, enabled=True),
+        "sglang.service": UnitState(running=True, enabled=True),
+    }
+    assert state.users == {"sglang": UserEntry("sglang", "/var/lib/sglang", "/usr/sbin/nologin", "sglang")}
+    assert state.groups == frozenset({"sglang"})
+    assert state.venvs == {"/opt/sglang/venv": VenvState(True, "0.5.23+pvegpulab")}
+    assert state.module == LoadedModule("open", "580.95.05")
+    assert [gpu.bus_id for gpu in state.smi.gpus] == [f"00000000:0{i}:00.0" for i in range(1, 9)]
+    assert state.secrets == {}
+
+
+def test_command_reads_real_files(tmp_path: Path) -> None:
+    (tmp_path / "a.conf").write_text("x=1\n")
+    os.chmod(tmp_path / "a.conf", 0o640)
+    (tmp_path / "key").write_text("sk-1\n")
+    os.symlink("a.conf", tmp_path / "link")
+    paths = tuple(str(tmp_path / name) for name in ("a.conf", "link", "absent", ""))
+    request = StateRequest(
+        paths=paths, users=("root",), groups=("root", "no-such-group"), secrets=(str(tmp_path / "key"),),
+        venvs=(str(tmp_path / "no-venv"),), version_file=str(tmp_path / "no-module"),
+    )  # fmt: skip
+    done = subprocess.run(["sh", "-c", state_command(request)], capture_output=True, text=True, check=True)
+
+    state = parse_state(done.stdout.splitlines())
+
+    user, group = (
+        subprocess.run(["id", flag], capture_output=True, text=True, check=True).stdout.strip()
+        for flag in ("-un", "-gn")
+    )
+    digest = hashlib.sha256(b"x=1\n").hexdigest()
+    assert state.path(paths[0]) == PathState("file", "640", user, group, digest)
+    assert state.path(paths[1]).kind == "link"
+    assert state.path(paths[2]) == MISSING
+    assert state.path(paths[3]).kind == "directory"  # "": the trailing slash of tmp_path
+    assert state.users["root"].home == "/root"
+    assert state.groups == frozenset({"root"})
+    assert state.venvs == {str(tmp_path / "no-venv"): VenvState(False, None)}
+    assert state.module is None
+    assert state.secrets[str(tmp_path / "key")].lines == 1
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (("#pvegpu:os",), "truncated output: the #pvegpu:kernel marker is missing"),
+        (
+            (*SAMPLE[:11], "6.1.0 extra", *SAMPLE[12:]),
+            "host state: expected one kernel release line, got ['6.1.0 extra']",
+        ),
+        (
+            tuple(line.replace("f 600 root root", "f 600 root") for line in SAMPLE),
+            "host state: line 212: 'f 600 root "
+            "7528240cdc51de27fc663ebd4cb06ced866304ed571b881f6a5cf035e2846920\\t/etc/pvegpu/sglang.env' "
+            "is not a path state line",
+        ),
+        (
+            tuple(line.replace("SubState=running", "SubState running") for line in SAMPLE),
+            "host state: line 216: 'SubState running' is not a systemctl show Id/SubState/UnitFileState line",
+        ),
+        (
+            tuple(line.replace("sglang:x:997:", "sglang:x") for line in SAMPLE),
+            "host state: line 225: 'sglang:x' is not a group line",
+        ),
+    ],
+)
+def test_error_names_the_line(lines: tuple[str, ...], message: str) -> None:
+    with pytest.raises(FactParseError) as error:
+        parse_state(lines)
+    assert str(error.value) == message

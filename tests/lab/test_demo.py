@@ -49,10 +49,13 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output
         gpus = re.findall(r"^(gpu\d)  (\S+)  10de:2bb1 10de:204b .* passable$", output, re.MULTILINE)
         assert [gpu for gpu, _ in gpus] == [f"gpu{index}" for index in range(8)], output
-        assert (
-            f"[{name}v100] NCCL topology file of sglang.service: "
-            "NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml"
-        ) in output
+        # The doctor: this run's NCCL read pvegpu's topology file; the journal has no run without it.
+        assert re.search(
+            rf"\[{name}v100\] NCCL with the topology file \(the current run, logged from [0-9: -]+ UTC\): "
+            "NCCL_TOPO_FILE set by environment to /etc/pvegpu/nccl-topo.xml\n",
+            output,
+        ), output
+        assert f"[{name}v100] NCCL without the topology file: no run in the journal" in output
         assert f"[{name}v100] NCCL transports of sglang.service (profile vm):" in output
         # Run 1's reboot (the only one) ended the node's two SSH connections, as a real reboot does: pyinfra's
         # and pvegpu's API session (pvegpu.pve, opened when run 1 read the mappings); run 1 still passed, so

@@ -7,5 +7,9 @@ from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import PVE_NODES, VM_GUESTS
 from roles.pci_mapping import pci_mapping
 from roles.q35_vm import guest_check, q35_vm_role
+from roles.vm_reads import read_vm_resources_ahead
 
-dispatch("deploy/rebuild_vm.py", [((PVE_NODES,), [pci_mapping, q35_vm_role]), ((VM_GUESTS,), [guest_check])])
+dispatch(
+    "deploy/rebuild_vm.py",
+    [((PVE_NODES,), [read_vm_resources_ahead, pci_mapping, q35_vm_role]), ((VM_GUESTS,), [guest_check])],
+)

@@ -5,5 +5,6 @@ from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import PVE_NODES
 from roles.pci_mapping import pci_mapping
 from roles.q35_vm import q35_vm_role
+from roles.vm_reads import read_vm_resources_ahead
 
-dispatch("deploy/vm.py", [((PVE_NODES,), [pci_mapping, q35_vm_role])])
+dispatch("deploy/vm.py", [((PVE_NODES,), [read_vm_resources_ahead, pci_mapping, q35_vm_role])])

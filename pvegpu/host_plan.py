@@ -1,7 +1,8 @@
 """`plan_of(host)`: the host's NodePlan (pvegpu/plan/node.py), computed once per host and run.
 
-The plan's inputs are read here, once: the validated specs (`host.data`), the host's inventory groups, the
-PCI hardware fact and, on a Proxmox node, the CPU vendor and kernel release (one command). pyinfra calls the
+The plan's inputs are read here, once: the validated specs (`host.data`), the host's inventory groups and the
+PCI hardware; on a Proxmox node the hardware, CPU vendor and kernel release come from the node's one state
+read (pvegpu/node_state.py), which its operations then share. pyinfra calls the
 roles while it prepares a run; every role of the run then reads the same plan.
 """
 
@@ -12,10 +13,10 @@ from weakref import WeakKeyDictionary
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
-from pvegpu.facts.cpu import cpu_kernel_of
 from pvegpu.facts.hardware import hardware_of
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.specs import host_specs
+from pvegpu.node_state import node_state_of
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
 
 _PLANS: WeakKeyDictionary[State, dict[str, NodePlan]] = WeakKeyDictionary()
@@ -28,9 +29,10 @@ def plan_of(target: Host) -> NodePlan:
     if plan is None:
         specs = host_specs(target.data)
         groups = frozenset(target.groups)
-        observed = NodeObserved(
-            hardware=hardware_of(target, specs.node.sysfs_root),
-            cpu_kernel=cpu_kernel_of(target) if PVE_NODES in groups else None,
-        )
+        if PVE_NODES in groups:
+            node = node_state_of(target)
+            observed = NodeObserved(hardware=node.hardware, cpu_kernel=node.cpu_kernel)
+        else:
+            observed = NodeObserved(hardware=hardware_of(target, specs.node.sysfs_root))
         plan = plans[target.name] = plan_node(target.name, specs, groups, observed)
     return plan

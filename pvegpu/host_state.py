@@ -1,22 +1,26 @@
 """`state_of(host)`: the host's `HostState` (pvegpu/facts/guest_state.py), read once per host and run.
 
 What is read comes from the host's plan (`state_request`): the paths, units, users, venv and key files of the
-driver and SGLang roles the plan gives the host. The read is shared by preparing and running: the state is
-read again only after an operation on this host changed something (ran a command), so a no-op run reads it
-once, and an operation after a change decides from what that change left, as pyinfra's own facts did. What
-another host's operation does to this one (the node restarting this VM) is not seen until this host changes
-something itself.
+driver and SGLang roles the plan gives the host, the initramfs images older than the driver's nouveau
+blacklist, and on a VM guest whose node's `vm.p2p` is not `off` the P2P probe's record (`node_p2p`). The read
+is shared by preparing and running: the state is read again only after an operation on this host changed
+something (ran a command), so a no-op run reads it once, and an operation after a change decides from what
+that change left, as pyinfra's own facts did. What another host's operation does to this one (the node
+restarting this VM) is not seen until this host changes something itself.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from weakref import WeakKeyDictionary
 
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from pvegpu.facts.guest_state import GuestState, HostState, StateRequest
+from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.host_plan import plan_of
+from pvegpu.models.p2p import RECORD_PATH, P2pMode
 from pvegpu.models.specs import HostSpecs
 from pvegpu.plan.driver import (
     CUDA_DISTROS,
@@ -33,6 +37,7 @@ from pvegpu.plan.driver import (
 from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, key_files
+from pvegpu.run_progress import commands_run
 
 PVEGPU_ETC = "/etc/pvegpu"
 PVEGPU_LIB = "/usr/local/lib/pvegpu"
@@ -45,8 +50,20 @@ def sglang_home(user: str) -> str:
     return f"/var/lib/{user}"
 
 
-def state_request(plan: NodePlan) -> StateRequest:
-    """Everything the driver (at each placement the plan gives) and SGLang roles decide from."""
+def node_p2p(target: Host) -> P2pMode | None:
+    """The `vm.p2p` of the node whose VM guest `target` is; None when `target` is no guest, or its node is not
+    in this run's inventory or has no `vm`."""
+    name = target.data.get(GUEST_OF_KEY)
+    node_host = target.state.inventory.get_host(str(name), None) if name else None
+    vm = None if node_host is None else plan_of(node_host).specs.vm
+    return None if vm is None else vm.p2p
+
+
+def state_request(plan: NodePlan, p2p: P2pMode | None = None) -> StateRequest:
+    """Everything the driver (at each placement the plan gives) and SGLang roles decide from: where the driver
+    blacklists nouveau, the initramfs images older than that blacklist; the P2P probe's record when `p2p`
+    (the guest's node's `vm.p2p`, `node_p2p`) is `probe` or `on`."""
+    records = (RECORD_PATH,) if p2p in ("probe", "on") else ()
     placements: list[Placement] = []
     if plan.steps is not None and plan.steps.host_driver:
         placements.append("pve-host")
@@ -54,25 +71,31 @@ def state_request(plan: NodePlan) -> StateRequest:
         placements.append(plan.serving.driver)
     paths: list[str] = []
     units: list[str] = []
+    initramfs_after = None
     if placements:
         paths += [KEYRING, *sorted({cuda_list_path(distro) for distro in CUDA_DISTROS.values()}), PREFERENCES]
     if any(placement != "container" for placement in placements):
         paths.append(NOUVEAU_DROP_IN)
         units.append(PERSISTENCED)
+        initramfs_after = NOUVEAU_DROP_IN
     if "pve-host" in placements:
         paths += [MODULES_LOAD, DEVICES_UNIT]
         units.append(DEVICES_SERVICE)
+    request = StateRequest(
+        paths=tuple(paths),
+        units=tuple(units),
+        records=records,
+        initramfs_after=initramfs_after,
+        version_file=plan.specs.driver.version_file,
+    )
     serving_sglang = plan.serving is not None and plan.serving.sglang
-    if not serving_sglang:
-        return StateRequest(
-            paths=tuple(paths), units=tuple(units), version_file=plan.specs.driver.version_file
-        )
-    return _with_sglang(plan.specs, paths, units)
+    return _with_sglang(plan.specs, request) if serving_sglang else request
 
 
-def _with_sglang(specs: HostSpecs, paths: list[str], units: list[str]) -> StateRequest:
+def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
     spec = specs.sglang
-    paths += [
+    paths = [
+        *request.paths,
         sglang_home(spec.user),
         spec.model_path,
         f"{spec.model_path}/config.json",
@@ -83,33 +106,24 @@ def _with_sglang(specs: HostSpecs, paths: list[str], units: list[str]) -> StateR
         ENV_FILE,
         UNIT_FILE,
     ]
-    return StateRequest(
+    return replace(
+        request,
         paths=tuple(dict.fromkeys(paths)),
-        units=(*units, SERVICE),
+        units=(*request.units, SERVICE),
         users=(spec.user,),
         groups=(spec.user,),
         venvs=(spec.venv,),
         secrets=tuple(path for _, path, _ in key_files(spec)),
-        version_file=specs.driver.version_file,
-    )
-
-
-def _changes(target: Host) -> int:
-    """How many of this run's operations on `target` have run commands so far."""
-    return sum(
-        1
-        for data in target.state.ops[target].values()
-        if data.operation_meta.is_complete() and data.operation_meta.executed
     )
 
 
 def state_of(target: Host) -> HostState:
     """The state of `target` (module docstring): read on first use, again only after a change."""
     states = _STATES.setdefault(target.state, {})
-    changes = _changes(target)
+    changes = commands_run(target)
     cached = states.get(target.name)
     if cached is not None and cached[0] == changes:
         return cached[1]
-    state = target.get_fact(GuestState, request=state_request(plan_of(target)))
+    state = target.get_fact(GuestState, request=state_request(plan_of(target), node_p2p(target)))
     states[target.name] = (changes, state)
     return state

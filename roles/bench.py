@@ -15,16 +15,15 @@ from pathlib import Path
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, python
 
 from pvegpu.bench_report import write_reports
 from pvegpu.facts.nccl import topology_file_read, uses_p2p
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
 from pvegpu.host_plan import plan_of
+from pvegpu.host_state import state_of
 from pvegpu.operations.bench import serving_benchmark
 from pvegpu.plan.bench import SpeedSettings, bench_argv, speed_settings
-from pvegpu.plan.p2p import RECORD_PATH, parse_record
 from pvegpu.plan.sglang_service import probe_host
 
 REMOTE_DIR = "/var/lib/pvegpu/bench"
@@ -67,14 +66,14 @@ def bench() -> None:
 
 def _settings_in_force() -> SpeedSettings:
     """The run's label, from the serving host as it is now: its NUMA nodes (the hardware fact), what the
-    running service's NCCL logged (its topology file, its transports) and the P2P probe's record."""
+    running service's NCCL logged (its topology file, its transports) and the P2P probe's record (read with
+    the host's state when its node's `vm.p2p` is not `off`)."""
     records = host.get_fact(SglangNcclChannels)
     said = host.get_fact(SglangNcclTopologyFile)
-    record = host.get_fact(FileContents, path=RECORD_PATH)
     return speed_settings(
         numa_nodes=len(plan_of(host).hardware.numa_nodes),
         nccl_logged=bool(records),
         topo_file_read=topology_file_read(said),
         p2p_in_use=uses_p2p(records),
-        p2p_record=parse_record("\n".join(record or ())),
+        p2p_record=state_of(host).p2p_record,
     )

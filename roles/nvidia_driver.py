@@ -17,6 +17,7 @@ operations are collected, before any host is changed.
 
 from __future__ import annotations
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta
@@ -29,6 +30,7 @@ from pvegpu.host_state import state_of
 from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
 from pvegpu.operations.render import render
 from pvegpu.operations.state import file_content, packages, service
+from pvegpu.operations.vfio import UPDATE_INITRAMFS
 from pvegpu.plan.driver import (
     DEVICES_SERVICE,
     DEVICES_UNIT,
@@ -113,8 +115,12 @@ def nvidia_driver(placement: Placement = "guest") -> None:
 
 
 def _module_side(placement: Placement, gpus: int) -> OperationMeta | None:
-    """nouveau off (initramfs refreshed), persistence on; on a Proxmox host the modules and the device unit
-    for boot (returned: its write, which decides a reload and a rerun)."""
+    """nouveau off (the initramfs refreshed when the blacklist changes or an image is older than it: a run
+    cut before the refresh is finished by the next), persistence on; on a Proxmox host the modules and the
+    device unit for boot (returned: its write, which decides a reload and a rerun)."""
+    stale = state_of(host).stale_initramfs
+    if stale:
+        logger.info(f"{host.print_prefix}initramfs older than {NOUVEAU_DROP_IN}: {', '.join(stale)}")
     blacklist = file_content(
         name="Blacklist nouveau",
         content=render("nvidia_driver/modprobe-pvegpu-nouveau.conf.j2"),
@@ -123,8 +129,8 @@ def _module_side(placement: Placement, gpus: int) -> OperationMeta | None:
     )
     server.shell(
         name="Refresh the initramfs without nouveau",
-        commands=["update-initramfs -u -k all"],
-        _if=any_changed(blacklist),
+        commands=[UPDATE_INITRAMFS.get_raw_value()],
+        _if=[] if stale else any_changed(blacklist),
     )
     service(name="Enable and start nvidia-persistenced", service=PERSISTENCED, running=True, enabled=True)
     if placement != "pve-host":

@@ -13,9 +13,9 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.facts.node_boot import NodeBoot
 from pvegpu.host_plan import plan_of
 from pvegpu.models.boot import BootLoaderKind
+from pvegpu.node_state import node_state_of
 from pvegpu.operations.cmdline import cmdline_tokens
 from pvegpu.operations.reboot import reboot_if_pending
 from pvegpu.operations.vfio import vfio_config
@@ -30,7 +30,8 @@ def pve_host() -> None:
     if plan.problem is not None or plan.host is None:
         raise OperationError(f"{host.name}: {plan.problem}")
     node, spec, profile = plan.specs.node, plan.specs.host, plan.host
-    boot, files = host.get_fact(NodeBoot)
+    state = node_state_of(host)
+    boot, files = state.boot, state.boot_files
     owned = files.grub_tokens if boot.kind is BootLoaderKind.GRUB else files.owned_tokens
 
     cmdline_tokens(

@@ -19,7 +19,6 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
 from pvegpu.create_records import ledger_beside
-from pvegpu.facts.cpu import cpu_kernel_of
 from pvegpu.facts.hardware import hardware_of
 from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
@@ -58,7 +57,7 @@ def q35_vm_role() -> None:
     storages_offer(api, spec)
     identity = None if spec.image is None else cloud_image(api, node.name, spec, pve.task_timeout_s)
     self_heal(api, node, spec)  # the hookscript exists before the VM's config names it
-    clique = clique_args(plan_cliques(topology, cpu_kernel_of(host).vendor))
+    clique = clique_args(plan_cliques(topology, plan.cpu_vendor))
     config, create = vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa, clique), create_keys(spec)
     q35_conversion(  # an installed i440FX/SeaBIOS VM: moved only when its guest can boot on OVMF
         name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",

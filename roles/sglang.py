@@ -17,14 +17,12 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
-from pyinfra.facts.files import FileContents
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.facts.cpu import cpu_kernel_of
 from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.host_plan import plan_of
-from pvegpu.host_state import PVEGPU_ETC, PVEGPU_LIB, sglang_home, state_of
+from pvegpu.host_state import PVEGPU_ETC, PVEGPU_LIB, node_p2p, sglang_home, state_of
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
@@ -33,8 +31,7 @@ from pvegpu.operations.state import directory, file_content, packages, service, 
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
-from pvegpu.plan.p2p import RECORD_PATH as P2P_RECORD
-from pvegpu.plan.p2p import guest_uses_p2p, parse_record
+from pvegpu.plan.p2p import guest_uses_p2p
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
 from pvegpu.plan.sglang_service import (
     ENV_FILE,
@@ -202,19 +199,16 @@ def _guest_nccl_topo() -> NcclTopo | None:
         )
         return None
     node_plan = plan_of(node_host)
-    vendor = cpu_kernel_of(node_host).vendor
-    return plan_nccl_topo(node_plan.topology, node_plan.hardware, plan_of(host).hardware, vendor)
+    guest_hardware = plan_of(host).hardware
+    return plan_nccl_topo(node_plan.topology, node_plan.hardware, guest_hardware, node_plan.cpu_vendor)
 
 
 def _guest_p2p() -> bool:
     """Whether this VM guest's NCCL plan uses P2P (pvegpu/plan/p2p.py `guest_uses_p2p`): its node's `vm.p2p`
-    (the node in this run's inventory; else SHM) and the probe's record in the guest."""
-    name = host.data.get(GUEST_OF_KEY)
-    node_host = host.state.inventory.get_host(str(name), None) if name else None
-    vm = None if node_host is None else plan_of(node_host).specs.vm
-    if vm is None or vm.p2p == "off":
+    (the node in this run's inventory; else SHM) and the probe's record in the guest (in its state read)."""
+    mode = node_p2p(host)
+    if mode is None or mode == "off":
         return False
-    lines = host.get_fact(FileContents, path=P2P_RECORD)
-    uses = guest_uses_p2p(vm.p2p, parse_record("\n".join(lines) if lines else None))
-    logger.info(f"{host.print_prefix}vm.p2p {vm.p2p}: NCCL plan {'P2P' if uses else 'SHM'}")
+    uses = guest_uses_p2p(mode, state_of(host).p2p_record)
+    logger.info(f"{host.print_prefix}vm.p2p {mode}: NCCL plan {'P2P' if uses else 'SHM'}")
     return uses

@@ -22,12 +22,15 @@ from roles.pci_mapping import pci_mapping
 from roles.pve_host import pve_host
 from roles.q35_vm import q35_vm_role
 from roles.sglang import sglang
+from roles.vm_reads import read_vm_resources_ahead
 
 
 def node_site() -> None:
     """The node's steps (module docstring); each role names its own operations, as when run alone."""
     steps = plan_of(host).steps
     assert steps is not None  # planned for every host in pve_nodes, the only group this runs on
+    if steps.vm:
+        read_vm_resources_ahead()
     if steps.park_container:
         guest_parked_role(CT)
     if steps.park_vm:

@@ -12,14 +12,19 @@ from pvegpu.operations.cloud_image import storage_content
 from pvegpu.pve import PveClient, PveError
 
 
-def storages_offer(api: PveClient, spec: VmSpec) -> None:
-    """Each storage the VM's files and image use offers their content types (nothing when none is used)."""
+def storages_used(spec: VmSpec) -> dict[str, list[str]]:
+    """The storages the VM's files and image use, each with the content types they need of it."""
     wanted: dict[str, list[str]] = {}
     if spec.image is not None or spec.self_heal != "off":
         wanted[spec.snippets_storage] = ["snippets"]
     if isinstance(spec.image, ImageUrl):
         wanted.setdefault(spec.image.storage, []).insert(0, "import")
-    for storage, kinds in wanted.items():
+    return wanted
+
+
+def storages_offer(api: PveClient, spec: VmSpec) -> None:
+    """Each storage the VM's files and image use offers their content types (nothing when none is used)."""
+    for storage, kinds in storages_used(spec).items():
         storage_content(
             name=f"Storage {storage} offers {', '.join(kinds)}", api=api, storage=storage, wanted=kinds
         )

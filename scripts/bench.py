@@ -2,23 +2,32 @@
 medians and minimums of several runs, interleaved where two things are compared). Run as root, after
 `bash lab/bootstrap.sh`:
 
-    .venv/bin/python scripts/bench.py [--hosts 1 8] [--runs 5] [--site-runs 7] [--before DIR]
+    .venv/bin/python scripts/bench.py [--hosts 1 8] [--runs 5] [--nodes 1 16] [--site-runs 7] [--before DIR]
 
 1. doctor: a no-op `pyinfra inventory/lab.py deploy/doctor.py` against 1 and 8 lab hosts (`bench1`...), and
    the remote commands pyinfra runs per host (`--hosts` with no count skips it).
-2. site: a Proxmox lab node (`bench`) and its VM guest (`benchv100`), converged by `deploy/site.py` as
+2. host: Proxmox lab nodes `hnode1`... made as `python -m lab up NAME --topology reference --pve --boot grub`
+   makes them (netns mode), converged by `deploy/host.py` (the first run reboots them) until a run changes
+   nothing; then the no-op `deploy/host.py` on 1 and on 16 nodes (`--nodes`; with no count skips it): each
+   count is the nodes up at the time (1 node up, then the others brought up and converged), `--runs` timed
+   runs that must change nothing, interleaved with pyinfra's floor on the same nodes (as in 3), each one's
+   ratio to the smallest count, and the remote commands per node of one `--debug-all` run (pyinfra's and
+   pvesh's, as in 3).
+3. site: a Proxmox lab node (`bench`) and its VM guest (`benchv100`), converged by `deploy/site.py` as
    `bash scripts/demo.sh` does; then the no-op `deploy/site.py` and pyinfra's floor (scripts/bench_floor.py:
    one no-op `files.directory` per host) on the same two hosts, interleaved; their ratio; and the remote
    commands per host on every SSH connection, from one `--debug-all` run: pyinfra's `Running command on
-   <host>` lines, and pvegpu.pve's `Running pvesh on <address>` lines (proxmoxer's connection to the node).
-3. with `--before DIR`, a checkout of an older commit (`git worktree add /tmp/before 3fbdbde`): its no-op
+   <host>` lines, and pvegpu.pve's `Running pvesh on <address>` lines (proxmoxer's connection to the node)
+   (`--site-runs 0` skips it).
+4. with `--before DIR`, a checkout of an older commit (`git worktree add /tmp/before 3fbdbde`): its no-op
    `deploy/site.py` (run in DIR with DIR first on PYTHONPATH, so that its pvegpu shadows this checkout's
    editable install) against this checkout's, interleaved, on the same converged node + guest. Every timed
    site run must change nothing, else the benchmark stops.
 
 It keeps its hosts in a lab run directory of its own (/run/pvegpu-bench, via PVEGPU_LAB_RUN), so it never
 sees nor stops another lab's hosts; it refuses to start while that directory has hosts, and stops its own at
-the end.
+the end. inventory/lab.py lists every host of that directory, so each section stops its hosts before the
+next one starts (no section shares hosts with another).
 """
 
 from __future__ import annotations
@@ -37,13 +46,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lab import hosts  # noqa: E402  (the lab package lives in the repository, next to this script)
+from lab import boot, hosts  # noqa: E402  (the lab package lives in the repository, next to this script)
+from lab.pve import node as pve_node  # noqa: E402
 
 PYINFRA = Path(sys.executable).with_name("pyinfra")
 RUN_DIR = Path("/run/pvegpu-bench")
 NODE = "bench"
 GUEST = f"{NODE}v100"  # lab.pve.hypervisor.guest_name of inventory/lab.py's VM 100
 SITE = "deploy/site.py"
+HOST = "deploy/host.py"
+HOST_NODE = "hnode"  # the host section's Proxmox lab nodes: hnode1, hnode2...
 FLOOR = "scripts/bench_floor.py"
 COMMAND_LINE = re.compile(r"Running command on (\S+):")
 PVESH_LINE = re.compile(r"Running pvesh on (\S+):")
@@ -96,6 +108,19 @@ def timing_row(label: str, times: Sequence[float]) -> list[str]:
     return [label, str(len(times)), f"{statistics.median(times):.2f}", f"{min(times):.2f}"]
 
 
+def interleaved(runs: int, first: tuple[str, Path], second: tuple[str, Path]) -> tuple[list[float], ...]:
+    """`runs` no-op runs of each (deploy, checkout), alternating which goes first, after one warm-up each."""
+    pair = (first, second)
+    for deploy, checkout in pair:
+        unchanged(deploy, checkout)
+    times: tuple[list[float], list[float]] = ([], [])
+    for round_ in range(runs):
+        order = (0, 1) if round_ % 2 == 0 else (1, 0)
+        for index in order:
+            times[index].append(unchanged(*pair[index]))
+    return times
+
+
 # ------------------------------------------------------------------------------------------------ doctor
 
 
@@ -127,6 +152,64 @@ def measure_doctor(count: int, runs: int) -> list[str]:
     return [*timing_row(str(count), times), "/".join(map(str, per_host))]
 
 
+# -------------------------------------------------------------------------------------------------- host
+
+
+def node_up(name: str) -> None:
+    """Proxmox lab node `name` as `python -m lab up NAME --topology reference --pve --boot grub` makes it
+    (netns mode), less the stand-in NVIDIA repository that only the `lxc` and `baremetal` profiles read."""
+    boot.install(pve_node.up(name, "reference", "netns"), "grub")
+
+
+def converge_host() -> None:
+    """Run deploy/host.py until a run changes nothing (a new node's first run reboots it)."""
+    for _ in range(CONVERGE_RUNS):
+        _, output = pyinfra(HOST)
+        if changed(output) == "-":
+            return
+    raise SystemExit(f"{HOST} still changes something after {CONVERGE_RUNS} runs")
+
+
+def measure_host(counts: Sequence[int], runs: int) -> None:
+    """The no-op deploy/host.py with each count of nodes up, smallest first: the nodes of the previous count
+    stay up and converged, the new ones are brought up and converged."""
+    names: list[str] = []
+    measured: list[tuple[int, list[float], list[float], dict[str, tuple[int, int]]]] = []
+    try:
+        for count in sorted(set(counts)):
+            while len(names) < count:
+                names.append(f"{HOST_NODE}{len(names) + 1}")
+                node_up(names[-1])
+            converge_host()
+            times, floor = interleaved(runs, (HOST, REPO), (FLOOR, REPO))
+            measured.append((count, times, floor, remote_commands(HOST, names)))
+    finally:
+        for name in names:
+            hosts.down(name)
+    base_count, base_times, base_floor, _ = measured[0]
+    base = f"{base_count} node{'s' if base_count > 1 else ''}"
+    print(f"no-op {HOST} on Proxmox lab nodes (GRUB, netns), interleaved with the floor (median of {runs}):")
+    rows = [
+        [
+            "nodes",
+            "runs",
+            "median s",
+            "min s",
+            f"ratio to {base}",
+            "floor median s",
+            f"floor ratio to {base}",
+            "remote commands per node (pyinfra + pvesh)",
+        ]
+    ]
+    for count, times, floor, per_node in measured:
+        ratio = statistics.median(times) / statistics.median(base_times)
+        floor_ratio = statistics.median(floor) / statistics.median(base_floor)
+        commands = "/".join(f"{ours} + {api}" for ours, api in sorted(set(per_node.values())))
+        row = [*timing_row(str(count), times), f"{ratio:.2f}", f"{statistics.median(floor):.2f}"]
+        rows.append([*row, f"{floor_ratio:.2f}", commands])
+    table(rows)
+
+
 # -------------------------------------------------------------------------------------------------- site
 
 
@@ -147,33 +230,25 @@ def converge_site() -> None:
     raise SystemExit(f"{SITE} still changes something after {CONVERGE_RUNS} runs")
 
 
-def remote_commands() -> dict[str, tuple[int, int]]:
-    """Per host of one no-op site run: (commands on pyinfra's connection, pvesh calls on proxmoxer's)."""
-    _, output = pyinfra(SITE, "--debug-all")
-    names = {host.address: host.name for host in hosts.list_hosts()}
+def remote_commands(deploy: str, names: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """Per host of one no-op `deploy` run: (commands on pyinfra's connection, pvesh calls on proxmoxer's);
+    SystemExit when the run changed something or ran commands on other hosts than `names`."""
+    _, output = pyinfra(deploy, "--debug-all")
+    if changed(output) != "-":
+        raise SystemExit(f"{deploy} changed something; not a no-op run:\n{output}")
+    addresses = {host.address: host.name for host in hosts.list_hosts()}
     pyinfra_counts = Counter(COMMAND_LINE.findall(output))
-    pvesh_counts = Counter(names[address] for address in PVESH_LINE.findall(output))
-    return {name: (pyinfra_counts[name], pvesh_counts[name]) for name in (NODE, GUEST)}
-
-
-def interleaved(runs: int, first: tuple[str, Path], second: tuple[str, Path]) -> tuple[list[float], ...]:
-    """`runs` no-op runs of each (deploy, checkout), alternating which goes first, after one warm-up each."""
-    pair = (first, second)
-    for deploy, checkout in pair:
-        unchanged(deploy, checkout)
-    times: tuple[list[float], list[float]] = ([], [])
-    for round_ in range(runs):
-        order = (0, 1) if round_ % 2 == 0 else (1, 0)
-        for index in order:
-            times[index].append(unchanged(*pair[index]))
-    return times
+    pvesh_counts = Counter(addresses[address] for address in PVESH_LINE.findall(output))
+    if set(pyinfra_counts) != set(names):
+        raise SystemExit(f"{deploy} ran commands on {sorted(pyinfra_counts)}, not {sorted(names)}:\n{output}")
+    return {name: (pyinfra_counts[name], pvesh_counts[name]) for name in names}
 
 
 def measure_site(runs: int, before: Path | None) -> None:
     try:
         converge_site()
         site, floor = interleaved(runs, (SITE, REPO), (FLOOR, REPO))
-        counts = remote_commands()
+        counts = remote_commands(SITE, (NODE, GUEST))
         previous = interleaved(runs, (SITE, before), (SITE, REPO)) if before is not None else None
     finally:
         hosts.down_all()
@@ -208,10 +283,13 @@ def measure_site(runs: int, before: Path | None) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--hosts", type=int, nargs="*", default=[1, 8], help="doctor: host counts")
-    parser.add_argument("--runs", type=int, default=5, help="doctor: timed runs per host count")
-    parser.add_argument("--site-runs", type=int, default=7, help="site: timed runs of each deploy")
+    parser.add_argument("--runs", type=int, default=5, help="doctor, host: timed runs per host/node count")
+    parser.add_argument("--nodes", type=int, nargs="*", default=[1, 16], help="host: Proxmox node counts")
+    parser.add_argument("--site-runs", type=int, default=7, help="site: timed runs of each deploy (0: skip)")
     parser.add_argument("--before", type=Path, help="site: an older checkout to compare the no-op run with")
     args = parser.parse_args()
+    if args.before is not None and args.site_runs == 0:
+        parser.error("--before compares site runs: it needs --site-runs above 0")
     os.environ["PVEGPU_LAB_RUN"] = str(RUN_DIR)  # lab.hosts and every pyinfra run read it
     if hosts.list_hosts():
         raise SystemExit(
@@ -222,7 +300,10 @@ def main() -> int:
         rows = [["hosts", "runs", "median s", "min s", "remote commands per host"]]
         rows += [measure_doctor(count, args.runs) for count in args.hosts]
         table(rows)
-    measure_site(args.site_runs, args.before.resolve() if args.before else None)
+    if args.nodes:
+        measure_host(args.nodes, args.runs)
+    if args.site_runs:
+        measure_site(args.site_runs, args.before.resolve() if args.before else None)
     return 0
 
 

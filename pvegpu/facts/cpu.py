@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from weakref import WeakKeyDictionary
 
 from pyinfra.api.facts import FactBase
-from pyinfra.api.host import Host
-from pyinfra.api.state import State, StateStage
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
@@ -67,19 +64,3 @@ def parse_kernel_release(lines: Sequence[str]) -> tuple[int, int]:
     if match is None:
         raise FactParseError(f"uname -r: expected a release like 6.8.12-4-pve, got {text!r}")
     return int(match[1]), int(match[2])
-
-
-# Read by the node's plan and by roles that need the CPU vendor (the VM's NCCL cliques, a guest's topology
-# file), all while pyinfra prepares the run, when neither can change: read once per host then; during
-# execution (after a reboot, say) every read goes to the host again (as `hardware.hardware_of`).
-_PREPARED: WeakKeyDictionary[State, dict[str, CpuKernel]] = WeakKeyDictionary()
-
-
-def cpu_kernel_of(target: Host) -> CpuKernel:
-    """`target.get_fact(CpuAndKernel)`, remembered for the rest of the prepare stage."""
-    if target.state.current_stage != StateStage.Prepare:
-        return target.get_fact(CpuAndKernel)
-    prepared = _PREPARED.setdefault(target.state, {})
-    if target.name not in prepared:
-        prepared[target.name] = target.get_fact(CpuAndKernel)
-    return prepared[target.name]

@@ -14,6 +14,11 @@
     module    the NVIDIA version file (nothing: no module loaded)
     smi       nvidia-smi's GPU list, or its message (`pvegpu.facts.nvidia`)
     secrets   the `SecretFiles` lines of the requested key files (counts only, never content)
+    initramfs only when requested: the names of the /boot/initrd.img-* images not newer than the requested
+              file (the nouveau blacklist: mkinitramfs copies /etc/modprobe.d, update-initramfs renames the
+              new image into place, so an older image lacks it)
+    records   only when some are requested: per small file pvegpu writes (the P2P probe's record),
+              `<base64 of its content>\t<path>`, or `missing\t<path>` (not a regular file)
     end
 
 `parse_state` is pure and strict: output of another shape raises FactParseError naming the line. A request
@@ -23,28 +28,34 @@ serves every operation of a run (`pvegpu.host_state`).
 
 from __future__ import annotations
 
+import binascii
 import re
 import shlex
+from base64 import b64decode
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.nvidia import nvidia_smi_command, parse_nvidia_smi, parse_version_file
+from pvegpu.facts.p2p_record import parse_record
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
 from pvegpu.facts.sections import marker, split_sections
 from pvegpu.facts.sglang import VERSION_SCRIPT, VenvState, parse_venv
+from pvegpu.models.guest_state import MISSING, PathKind, PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.models.p2p import RECORD_PATH, Record
 from pvegpu.models.secret_file import SecretFile
 
 SECTIONS = (
     "os", "kernel", "packages", "paths", "units", "users", "groups", "venvs", "module", "smi", "secrets",
     "end",
 )  # fmt: skip
+# Printed only when requested (in this order, before `end`), so a read without them keeps its old shape.
+_OPTIONAL = ("initramfs", "records")
 # pyinfra's readings of systemd's states (pyinfra.facts.systemd): these SubStates are "running", these
 # UnitFileStates "enabled"; the operations that replace pyinfra's decide exactly as it did.
 RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mounted"})
@@ -54,7 +65,6 @@ _INSTALLED = ("ii", "hi")
 _PATH_LINE = re.compile(r"([fdlo]) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-)")
 _OS_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
 
-PathKind = Literal["file", "directory", "link", "other", "missing"]
 _KINDS: dict[str, PathKind] = {"f": "file", "d": "directory", "l": "link", "o": "other"}
 
 
@@ -68,46 +78,18 @@ class StateRequest:
     groups: tuple[str, ...] = ()
     venvs: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
+    records: tuple[str, ...] = ()
+    initramfs_after: str | None = None
     version_file: str = "/proc/driver/nvidia/version"
-
-
-@dataclass(frozen=True)
-class PathState:
-    """One path: its kind (a link is not followed), mode (octal digits, e.g. `644`), owner, and the sha256 of
-    a regular file's content."""
-
-    kind: PathKind
-    mode: str = ""
-    user: str = ""
-    group: str = ""
-    sha256: str | None = None
-
-
-MISSING = PathState("missing")
-
-
-@dataclass(frozen=True)
-class UnitState:
-    """A systemd unit as pyinfra's SystemdStatus / SystemdEnabled facts read it."""
-
-    running: bool
-    enabled: bool
-
-
-@dataclass(frozen=True)
-class UserEntry:
-    """A passwd entry and its primary group's name."""
-
-    name: str
-    home: str
-    shell: str
-    group: str
 
 
 @dataclass(frozen=True)
 class HostState:
     """The parsed output (module docstring). `path` of a path that was not requested raises KeyError: an
-    operation deciding from a read that never looked would change the host on every run."""
+    operation deciding from a read that never looked would change the host on every run. `records` holds
+    each requested record's text (None: missing); `p2p_record` is the P2P probe's record when it was
+    requested and is one pvegpu wrote, else None; `stale_initramfs` the images older than the request's
+    `initramfs_after` (none when not requested)."""
 
     os_release: Mapping[str, str]
     kernel: str
@@ -120,6 +102,9 @@ class HostState:
     module: LoadedModule | None
     smi: NvidiaSmi
     secrets: Mapping[str, SecretFile] = field(default_factory=dict)
+    records: Mapping[str, str | None] = field(default_factory=dict)
+    p2p_record: Record | None = None
+    stale_initramfs: tuple[str, ...] = ()
 
     def path(self, path: str) -> PathState:
         if path not in self.paths:
@@ -176,6 +161,23 @@ def state_command(request: StateRequest) -> str:
         f"{_open('module')}; cat {shlex.quote(request.version_file)} 2>/dev/null",
         f"{_open('smi')}; {nvidia_smi_command()}",
         f"{_open('secrets')}; {secrets}",
+        *(
+            [
+                f"{_open('initramfs')}; find /boot -maxdepth 1 -name 'initrd.img-*' "
+                f"! -newer {shlex.quote(request.initramfs_after)} -printf '%f\\n' 2>/dev/null"
+            ]
+            if request.initramfs_after is not None
+            else []
+        ),
+        *(
+            [
+                f"{_open('records')}; for r in {_words(request.records)}; do "
+                'if [ -f "$r" ]; then printf "%s\\t%s\\n" "$(base64 -w0 < "$r")" "$r"; '
+                'else printf "missing\\t%s\\n" "$r"; fi; done'
+            ]
+            if request.records
+            else []
+        ),
         f"{_open('end')}",
     ]
     return "; ".join(f"{{ {part}; }}" for part in parts)
@@ -183,11 +185,13 @@ def state_command(request: StateRequest) -> str:
 
 def parse_state(lines: Sequence[str]) -> HostState:
     """The `HostState` of `state_command`'s output. Pure; FactParseError naming the line for another shape."""
-    sections = split_sections(lines, SECTIONS)
+    printed = [name for name in _OPTIONAL if marker(name) in lines]
+    sections = split_sections(lines, (*SECTIONS[:-1], *printed, "end"))
 
     def text(name: str) -> list[str]:
         return [line for _, line in sections[name]]
 
+    records = _records(sections.get("records", []))
     try:
         return HostState(
             os_release=_os_release(sections["os"]),
@@ -201,6 +205,9 @@ def parse_state(lines: Sequence[str]) -> HostState:
             module=parse_version_file(text("module")),
             smi=parse_nvidia_smi(text("smi")),
             secrets=parse_secret_files(text("secrets")),
+            records=records,
+            p2p_record=parse_record(records.get(RECORD_PATH)),
+            stale_initramfs=_initramfs(sections.get("initramfs", [])),
         )
     except FactParseError:
         raise
@@ -319,6 +326,26 @@ def _venvs(lines: list[tuple[int, str]]) -> dict[str, VenvState]:
         except FactParseError:
             raise _fail(number, line, "a venv line") from None
     return venvs
+
+
+def _initramfs(lines: list[tuple[int, str]]) -> tuple[str, ...]:
+    for number, line in lines:
+        if not line.startswith("initrd.img-") or "/" in line:
+            raise _fail(number, line, "an initramfs image name")
+    return tuple(line for _, line in lines)
+
+
+def _records(lines: list[tuple[int, str]]) -> dict[str, str | None]:
+    records: dict[str, str | None] = {}
+    for number, line in lines:
+        head, tab, path = line.partition("\t")
+        if not tab or not path.startswith("/"):
+            raise _fail(number, line, "a record line")
+        try:
+            records[path] = None if head == "missing" else b64decode(head, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise _fail(number, line, "a record line") from None
+    return records
 
 
 class GuestState(FactBase[HostState]):

@@ -1,13 +1,11 @@
-"""`NodeBoot`: the node's bootloader (`boot.BootLoader`) and pvegpu's boot files
-(`pvegpu_boot.PvegpuBootFiles`) in ONE command: the two facts' commands one after the other, each output
-ending with its `#pvegpu:end` marker, parsed by the facts' own parsers (`parse_node_boot`, pure)."""
+"""The node's bootloader (`boot.BootLoader`) and pvegpu's boot files (`pvegpu_boot.PvegpuBootFiles`) in ONE
+command (`node_boot_command`, the `boot` part of the node's state read, pvegpu/facts/node_state.py): the two
+facts' commands one after the other, each output ending with its `#pvegpu:end` marker, parsed by the facts'
+own parsers (`parse_node_boot`, pure)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from pyinfra.api.facts import FactBase
-from typing_extensions import override
 
 from pvegpu.facts.boot import BootLoader, parse_boot_loader
 from pvegpu.facts.errors import FactParseError
@@ -27,13 +25,6 @@ def parse_node_boot(lines: Sequence[str]) -> tuple[BootLoaderInfo, BootFiles]:
     return parse_boot_loader(lines[:split]), parse_boot_files(lines[split:])
 
 
-class NodeBoot(FactBase[tuple[BootLoaderInfo, BootFiles]]):
-    """`(BootLoader, PvegpuBootFiles)` of the node, read with one command (module docstring)."""
-
-    @override
-    def command(self) -> str:
-        return f"{BootLoader().command()}; {PvegpuBootFiles().command()}"
-
-    @override
-    def process(self, output: list[str]) -> tuple[BootLoaderInfo, BootFiles]:
-        return parse_node_boot(output)
+def node_boot_command() -> str:
+    """`BootLoader`'s command, then `PvegpuBootFiles`'s."""
+    return f"{BootLoader().command()}; {PvegpuBootFiles().command()}"

@@ -15,11 +15,16 @@ secret is never logged or put in an error message.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import gevent
+from gevent.event import AsyncResult
 
 from pvegpu.facts.secret_files import read_local_secret
 from pvegpu.models.inventory import spec_of
@@ -111,29 +116,84 @@ def shared_reads(client: PveClient) -> PveClient:
     operations) share one read, its answer or its PveError, with its digest.
 
     Any write (POST, PUT, DELETE) drops every shared answer, so what follows a write reads it back. Status
-    and task reads always go to Proxmox (waits poll them). A concurrent edit by someone else is caught as
-    before: every write carries the digest of the read it was diffed against.
+    and task reads go to Proxmox (waits poll them), except that the first read of one that `read_ahead` sent
+    takes its answer. A concurrent edit by someone else is caught as before: every write carries the digest of
+    the read it was diffed against.
     """
     return replace(client, call=_SharedReads(client.call))
+
+
+def read_ahead(client: PveClient, reads: Sequence[Callable[[PveClient], object]]) -> None:
+    """Send `reads` (e.g. `lambda api: api.vm_config(node, vmid)`) at once, each in its own greenlet, on a
+    client from `shared_reads`: the run's first identical read waits for that answer instead of sending its
+    own, so a run's API reads cost one round trip together, not one each. A write before an answer comes drops
+    it (what follows a write reads again); a read already answered or on its way is not sent again. What a
+    read raises is raised to the read that takes its answer. Any other client: nothing is sent."""
+    shared = client.call
+    if not isinstance(shared, _SharedReads):
+        return
+    ahead = replace(client, call=shared.ahead)
+    for read in reads:
+        gevent.spawn(_quietly, read, ahead)
+    # Each read starts, and says what it reads, before this greenlet reads anything itself.
+    gevent.sleep(0)
+
+
+def _quietly(read: Callable[[PveClient], object], client: PveClient) -> None:
+    # The answer (or the error) is kept by `_SharedReads.ahead`; the read that takes it parses and raises.
+    with contextlib.suppress(Exception):
+        read(client)
 
 
 @dataclass
 class _SharedReads:
     call: Transport
     answers: dict[str, object] = field(default_factory=dict)
+    early: dict[str, AsyncResult] = field(default_factory=dict)  # keys read ahead, not taken yet
+    writes: int = 0
 
     def __call__(self, method: Method, path: str, params: Params) -> object:
+        key = _key(path, params)
         if method != "GET":
             self.answers.clear()
-        if method != "GET" or _SHARED.fullmatch(path) is None:
+            self.early.clear()
+            self.writes += 1
             return self.call(method, path, params)
-        key = repr((path, list(params.items())))
-        if key not in self.answers:
+        shared = _SHARED.fullmatch(path) is not None
+        if key in self.early:
+            answer = self.early.pop(key).get()
+            if isinstance(answer, Exception) and not isinstance(answer, PveError):
+                raise answer  # not an API error (a broken transport): raised once, the next read sends
+        elif shared and key in self.answers:
+            answer = self.answers[key]
+        else:
             try:
-                self.answers[key] = self.call(method, path, params)
+                answer = self.call(method, path, params)
             except PveError as error:
-                self.answers[key] = error
-        answer = self.answers[key]
-        if isinstance(answer, PveError):
+                answer = error
+        if shared:
+            self.answers[key] = answer
+        if isinstance(answer, Exception):
             raise answer
         return copy.deepcopy(answer)  # a caller may change what it got
+
+    def ahead(self, method: Method, path: str, params: Params) -> object:
+        """A GET sent ahead (`read_ahead`): its answer, or its error, kept for the first identical read."""
+        key = _key(path, params)
+        if method != "GET" or key in self.early or key in self.answers:
+            return None
+        result = AsyncResult()
+        self.early[key] = result
+        writes = self.writes
+        try:
+            answer = self.call(method, path, params)
+        except Exception as error:
+            answer = error
+        if self.writes != writes:
+            self.early.pop(key, None)  # a write came first: its readers read again
+        result.set(answer)
+        return None
+
+
+def _key(path: str, params: Params) -> str:
+    return repr((path, list(params.items())))

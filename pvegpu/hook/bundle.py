@@ -130,8 +130,9 @@ def _imports(root: Path, name: str) -> list[str]:
 
 
 def _runtime_nodes(body: list[ast.stmt]) -> list[ast.AST]:
-    """Every node of `body`, function bodies included (a lazy import runs too), but not the blocks of
-    `if TYPE_CHECKING:` (only the type checker reads them)."""
+    """Every statement of `body`, nested blocks and function bodies included (a lazy import runs too), but
+    not the blocks of `if TYPE_CHECKING:` (only the type checker reads them). Imports are statements, so
+    expressions are not walked: a run builds the bundle, and walking every node took most of its time."""
     nodes: list[ast.AST] = []
     todo: list[ast.AST] = list(body)
     while todo:
@@ -140,5 +141,10 @@ def _runtime_nodes(body: list[ast.stmt]) -> list[ast.AST]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             todo.extend(node.orelse)
             continue
-        todo.extend(ast.iter_child_nodes(node))
+        for block in _BLOCKS:
+            todo.extend(getattr(node, block, ()))
     return nodes
+
+
+# The fields that hold nested statements (`handlers`: except clauses, `cases`: match cases, each with a body).
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")

@@ -24,8 +24,8 @@ from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Sha256File
 
+from pvegpu.node_state import node_file_sha256
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.files import write_file
 from pvegpu.operations.pve_guest import VM, Guest
@@ -139,7 +139,7 @@ def _download(api: PveClient, job: _Download) -> None:
 def snippet_file(*, path: str, content: str) -> Generator[StringCommand]:
     """The cloud-init user-data `content` at `path` on the node, root-only (it holds a private host key);
     its text is never logged."""
-    remote = host.get_fact(Sha256File, path=path)
+    remote = node_file_sha256(host, path)
     if remote == hashlib.sha256(content.encode()).hexdigest():
         host.noop(f"cloud-init user-data {path} is up to date")
         return

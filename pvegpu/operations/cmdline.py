@@ -23,7 +23,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.facts.boot import KernelCmdline, parse_cmdline
+from pvegpu.facts.boot import parse_cmdline
 from pvegpu.facts.pvegpu_boot import (
     GRUB_CFG,
     GRUB_DROPIN,
@@ -33,6 +33,7 @@ from pvegpu.facts.pvegpu_boot import (
     BootFiles,
 )
 from pvegpu.models.boot import BootLoaderInfo, BootLoaderKind
+from pvegpu.node_state import running_cmdline
 from pvegpu.operations.files import regenerate, write_file
 from pvegpu.operations.render import render
 from pvegpu.plan.cmdline import booted_base, cmdline_damage, edit_cmdline, lacking, unsafe_cmdline
@@ -50,15 +51,16 @@ def cmdline_tokens(
 ) -> Generator[StringCommand, None, None]:
     """Make the next boot's kernel command line carry exactly pvegpu's `tokens` among those it owns.
 
-    `boot` and `files` are the host's `BootLoader` and `PvegpuBootFiles` facts, read once by the role
-    (`proxmox-boot-tool status` mounts every ESP: not twice per run); `cmdline_path` is where the running
-    command line is read (systemd-boot only). Refuses (OperationError) an UNKNOWN bootloader, systemd-boot
-    without /etc/kernel/cmdline, and an unsafe systemd-boot line (module docstring).
+    `boot` and `files` are the node's bootloader and boot files, read once by the role
+    (`proxmox-boot-tool status` mounts every ESP: not twice per run); the running command line (systemd-boot
+    only, read at `cmdline_path`) comes from the same read while nothing changed (pvegpu/node_state.py).
+    Refuses (OperationError) an UNKNOWN bootloader, systemd-boot without /etc/kernel/cmdline, and an unsafe
+    systemd-boot line (module docstring).
     """
     if boot.kind is BootLoaderKind.GRUB:
         yield from _grub(tokens, files)
     elif boot.kind is BootLoaderKind.SYSTEMD_BOOT:
-        running = host.get_fact(KernelCmdline, cmdline_path=cmdline_path)
+        running = running_cmdline(host, cmdline_path)
         yield from _systemd_boot(tokens, files, running)
     else:
         raise OperationError(

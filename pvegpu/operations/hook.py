@@ -17,9 +17,9 @@ from collections.abc import Generator
 from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Sha256File
 
 from pvegpu.hook.bundle import BUNDLE_PATH, Bundle
+from pvegpu.node_state import node_file_sha256
 from pvegpu.operations.files import install_staged, temp_path, write_file
 
 
@@ -29,9 +29,9 @@ def hook_installed(
 ) -> Generator[FileUploadCommand | StringCommand]:
     """The zipapp `bundle` at BUNDLE_PATH and the hookscript text `wrapper` at `wrapper_path`, each written
     only when its sha256 on the node differs."""
-    bundle_now = host.get_fact(Sha256File, path=BUNDLE_PATH)
+    bundle_now = node_file_sha256(host, BUNDLE_PATH)
     wrapper_sha256 = hashlib.sha256(wrapper.encode()).hexdigest()
-    wrapper_now = host.get_fact(Sha256File, path=wrapper_path)
+    wrapper_now = node_file_sha256(host, wrapper_path)
     if bundle_now == bundle.sha256 and wrapper_now == wrapper_sha256:
         host.noop(
             f"pvegpu {bundle.version} hook is installed: {wrapper_path}, {BUNDLE_PATH} ({bundle.sha256[:12]})"

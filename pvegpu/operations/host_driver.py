@@ -14,8 +14,8 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.facts.host_driver import HostDriverFiles
-from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS, plan_host_driver_park
+from pvegpu.node_state import driver_leftovers
+from pvegpu.plan.host_driver import plan_host_driver_park
 
 _NOTHING_LEFT = {
     "vm": "nothing loads or uses the NVIDIA driver on this host at boot",
@@ -27,8 +27,7 @@ _NOTHING_LEFT = {
 def host_driver_parked(*, profile: str, allow_stop: bool) -> Generator[StringCommand, None, None]:
     """Disable (`--now`) the driver units, remove pvegpu's driver files, reload systemd; noop when none is
     left. Units running and `allow_stop` false: nothing changed; a warning and the noop say what would be."""
-    state = host.get_fact(HostDriverFiles, files=DRIVER_FILES, units=DRIVER_UNITS)
-    park = plan_host_driver_park(state, profile)
+    park = plan_host_driver_park(driver_leftovers(host), profile)
     if park.empty:
         host.noop(_NOTHING_LEFT.get(profile, "nothing to park"))
         return

@@ -39,8 +39,10 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from pvegpu.facts.p2p_record import parse_record
 from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.models.inventory import spec_of
+from pvegpu.models.p2p import RECORD_PATH, Identity, Record
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.pve_guest import VM, Guest
@@ -49,15 +51,11 @@ from pvegpu.plan.p2p import (
     NO_DRIVER,
     NO_VENV,
     PROBE_PATH,
-    RECORD_PATH,
     UNPROVEN,
-    Identity,
     Judgement,
-    Record,
     crash_failure,
     judge,
     own_clique,
-    parse_record,
     timeout_failure,
     vm_devices,
 )

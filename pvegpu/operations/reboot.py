@@ -16,6 +16,7 @@ from pyinfra.context import host
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.models.hardware import HostHardware
+from pvegpu.node_state import running_cmdline
 from pvegpu.operations.api_command import api_command
 from pvegpu.plan.reboot import pending_message, pending_reasons
 from pvegpu.wait import WaitTimeoutError, wait_until
@@ -48,7 +49,7 @@ def reboot_if_pending(
     Pending and allowed: reboot, then poll (reconnecting) until nothing is pending, for up to `timeout_s`;
     the operation fails with what is still pending after that.
     """
-    running = host.get_fact(KernelCmdline, cmdline_path=cmdline_path)
+    running = running_cmdline(host, cmdline_path)
     reasons = pending_reasons(running, tokens, hardware, functions, retired, vfio=vfio)
     if not reasons:
         bound = (

@@ -24,8 +24,8 @@ from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.packaging import ensure_packages
 from pyinfra.operations.util.service import handle_service_control
 
-from pvegpu.facts.guest_state import PathState, UnitState
 from pvegpu.host_state import state_of
+from pvegpu.models.guest_state import PathState, UnitState
 from pvegpu.operations.files import write_file
 
 SYSTEMCTL = "systemctl {1} {0}"

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Literal, TypeVar
 
 from pvegpu.models.bench import BenchSpec
+from pvegpu.models.p2p import Record
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.p2p import Record
 
 _KEYS = ("max_concurrency", "completed", "output_throughput", "request_throughput", "median_ttft_ms",
          "p99_ttft_ms", "median_itl_ms")  # fmt: skip
@@ -83,8 +83,8 @@ def speed_settings(
 ) -> SpeedSettings:
     """The label of a run from what the serving host shows: its NUMA node count; whether the running
     service's NCCL log has channel lines at all (`nccl_logged`), said it read its topology file, chose P2P
-    between some ranks; the guest's P2P probe record (`pvegpu.plan.p2p.RECORD_PATH`, None: none), whose
-    passed probe tells `probe-passed` from `on` (vm.p2p: on, or bare metal's own P2P)."""
+    between some ranks; the guest's P2P probe record (`pvegpu.models.p2p.RECORD_PATH`, None: none or not
+    read), whose passed probe tells `probe-passed` from `on` (vm.p2p: on, or bare metal's own P2P)."""
     numa: Numa = "host" if numa_nodes > 1 else "flat"
     if not nccl_logged:
         return SpeedSettings(numa=numa, topo_file="unknown", p2p="unknown")

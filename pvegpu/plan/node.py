@@ -54,6 +54,7 @@ class NodePlan:
     specs: HostSpecs
     groups: frozenset[str]
     hardware: HostHardware
+    cpu_kernel: CpuKernel | None
     topology: Topology
     mapping_prefix: str
     mapping_ids: tuple[str, ...]
@@ -70,6 +71,11 @@ class NodePlan:
     @property
     def profile(self) -> str:
         return self.specs.node.profile
+
+    @property
+    def cpu_vendor(self) -> str | None:
+        """A Proxmox node's CPU vendor (`amd`, `intel`); None elsewhere, or on a CPU without `vendor_id`."""
+        return None if self.cpu_kernel is None else self.cpu_kernel.vendor
 
     @property
     def is_pve_node(self) -> bool:
@@ -111,6 +117,7 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
         specs=specs,
         groups=groups,
         hardware=hardware,
+        cpu_kernel=observed.cpu_kernel,
         topology=topology,
         mapping_prefix=prefix,
         mapping_ids=tuple(mapping_id(prefix, index) for index in range(len(topology.gpus))),

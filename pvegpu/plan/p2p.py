@@ -6,7 +6,7 @@ may talk peer to peer. It can work, hang, or silently corrupt data (NVIDIA/nccl 
 - `off` (default): no clique part in `args` (pvegpu removes its own), the SHM plan (pvegpu/plan/nccl.py);
 - `probe`: the clique is set for a probe in the guest (pvegpu/operations/p2p.py) and kept only when every
   check passes and P2P beats SHM (`judge`); the verdict is recorded on the guest with what it depends on
-  (`Identity`), and only a passed probe's record gives the guest the P2P plan (`guest_uses_p2p`);
+  (`pvegpu.models.p2p`), and only a passed probe's record gives the guest the P2P plan (`guest_uses_p2p`);
 - `on`: the clique without a probe; every run warns that P2P is on unproven.
 
 The clique: the GPUs that may peer are those under one host root complex; on an AMD host every GPU of the
@@ -18,18 +18,15 @@ multifunction) — shared/knowledge/proxmox-hostpci-vm-config.md §2.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from pvegpu.models.p2p import P2pMode, Record, Verdict
 from pvegpu.plan.topology import Topology
 
-P2pMode = Literal["off", "probe", "on"]
-
 MAX_CLIQUE = 15  # the property's range is 0..15
-RECORD_PATH = "/var/lib/pvegpu/p2p-probe.json"
 PROBE_PATH = "/usr/local/lib/pvegpu/p2p_probe.py"
 # pvegpu's own clique parts: `-set device.hostpci<N>.0.x-nv-gpudirect-clique=<C>` (an operator's part written
 # another way, e.g. `device.hostpci0.x-nv-...`, is the operator's and kept).
@@ -44,7 +41,6 @@ DEFERRED = (
     "P2P probe deferred: this run also converges the guest, which the VM's restart would cut off; "
     "run deploy/vm.py to probe"
 )
-Verdict = Literal["p2p", "shm"]
 
 
 def plan_cliques(topology: Topology, cpu_vendor: str | None) -> tuple[tuple[int, ...], ...]:
@@ -73,19 +69,6 @@ def clique_args(cliques: Sequence[Sequence[int]]) -> str:
 def own_clique(current: str | None) -> str:
     """pvegpu's clique parts of `current` args, in order, one space apart ('' when none)."""
     return " ".join(match.strip() for match in CLIQUE_PART.findall(current or ""))
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What a probe's verdict depends on: the guest's NVIDIA driver and kernel, and the VM's GPUs (its
-    hostpciN values and the clique parts that were probed)."""
-
-    driver: str
-    kernel: str
-    devices: str
-
-    def as_json(self) -> dict[str, str]:
-        return {"driver": self.driver, "kernel": self.kernel, "devices": self.devices}
 
 
 def vm_devices(config: Mapping[str, object], clique: str) -> str:
@@ -164,43 +147,6 @@ def crash_failure(exit_code: object, stderr: str) -> str:
     """The failure line of a probe that ended without a result."""
     last = (stderr.strip().splitlines() or ["no output"])[-1]
     return f"the probe failed (exit status {exit_code}): {last}"
-
-
-@dataclass(frozen=True)
-class Record:
-    """The verdict recorded on the guest (`RECORD_PATH`): the mode it was made for, the verdict, what it
-    depends on, the failures and the measured summary."""
-
-    mode: P2pMode
-    verdict: Verdict
-    identity: Identity
-    failures: tuple[str, ...] = ()
-    summary: str = ""
-
-    def text(self) -> str:
-        body = {
-            "mode": self.mode,
-            "verdict": self.verdict,
-            "identity": self.identity.as_json(),
-            "failures": list(self.failures),
-            "summary": self.summary,
-        }
-        return json.dumps(body, indent=2, sort_keys=True) + "\n"
-
-
-def parse_record(text: str | None) -> Record | None:
-    """The record from its file's text; None when absent or not a record pvegpu wrote."""
-    if not text:
-        return None
-    try:
-        data = json.loads(text)
-        identity = Identity(**{key: str(data["identity"][key]) for key in ("driver", "kernel", "devices")})
-        mode, verdict = data["mode"], data["verdict"]
-        if mode not in ("probe", "on") or verdict not in ("p2p", "shm"):
-            return None
-        return Record(mode, verdict, identity, tuple(map(str, data["failures"])), str(data["summary"]))
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def guest_uses_p2p(mode: P2pMode | None, record: Record | None) -> bool:

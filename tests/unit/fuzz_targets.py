@@ -12,6 +12,7 @@ below for the outputs no capture holds.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -32,12 +33,15 @@ from pvegpu.facts.lxc_devices import parse_nvidia_nodes, parse_nvml_version
 from pvegpu.facts.nccl import parse_transports
 from pvegpu.facts.nccl_journal import parse_nccl_runs
 from pvegpu.facts.node_boot import parse_node_boot
+from pvegpu.facts.node_state import parse_node_state
 from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
+from pvegpu.facts.p2p_record import parse_record
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.facts.pvegpu_boot import parse_boot_files
 from pvegpu.facts.secret_files import parse_secret_files
 from pvegpu.facts.sglang import parse_probe, parse_venv
 from pvegpu.models.lxc import LxcSpec
+from pvegpu.models.p2p import RECORD_PATH, Identity, Record
 from pvegpu.models.pve import MapEntryError, parse_map_entry
 from pvegpu.models.vm import VmSpec
 from pvegpu.plan.bench import parse_history, parse_results
@@ -195,6 +199,17 @@ PVESH_ERRORS = (
     ("Configuration file 'nodes/pve1/qemu-server/100.conf' does not exist",),
     ("500 unable to open file '/etc/pve/mapping/pci.cfg.tmp.1234' - Permission denied",),
 )  # fmt: skip
+P2P_RECORD = Record(  # the P2P probe's record as pvegpu writes it (pvegpu/operations/p2p.py)
+    "probe", "shm", Identity("580.95.05", "6.18.44-fc-v1045", "hostpci0=mapping=gpu0,pcie=1; C"), ("x",), "s"
+)
+# The lab guest's state read as a request for the P2P record prints it (synthesized: the capture's request
+# had no record): the `records` section before the end marker.
+GUEST_STATE_WITH_RECORD = (
+    *fixture("guest_state_lab_vm.txt")[:-1],
+    "#pvegpu:records",
+    f"{base64.b64encode(P2P_RECORD.text().encode()).decode()}\t{RECORD_PATH}",
+    "#pvegpu:end",
+)
 VM_SPEC = VmSpec(vmid=100, name="llm", cores=64, memory=786432)
 LXC_SPEC = LxcSpec(vmid=200, ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst")
 
@@ -319,7 +334,29 @@ TARGETS: tuple[Target, ...] = (
         "host state (facts.guest_state.parse_state)",
         parse_state,
         (FactParseError,),
-        (fixture("guest_state_lab_vm.txt"),),
+        (
+            fixture("guest_state_lab_vm.txt"),
+            GUEST_STATE_WITH_RECORD,
+            # a request for the initramfs images older than the nouveau blacklist (synthesized)
+            (
+                *fixture("guest_state_lab_vm.txt")[:-1],
+                "#pvegpu:initramfs",
+                "initrd.img-6.1.0-28-amd64",
+                "#pvegpu:end",
+            ),
+        ),
+    ),
+    Target(
+        "P2P probe record (facts.p2p_record.parse_record)",
+        lambda lines: parse_record("\n".join(lines)),
+        (),
+        (tuple(P2P_RECORD.text().splitlines()),),
+    ),
+    Target(
+        "node state (facts.node_state.parse_node_state)",
+        parse_node_state,
+        (FactParseError,),
+        (fixture("node_state_lab_node.txt"),),
     ),
     Target(
         "host checks (facts.host_checks.parse_host_checks)",

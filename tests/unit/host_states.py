@@ -7,8 +7,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from pvegpu.facts.guest_state import HostState, PathState, UnitState, UserEntry
+from pvegpu.facts.guest_state import HostState
 from pvegpu.facts.sglang import VenvState
+from pvegpu.models.guest_state import PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 
 # Every module whose operations read the state (each imported `state_of` by name).

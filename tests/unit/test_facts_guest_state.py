@@ -3,6 +3,7 @@ command run here with sh on real files, and the errors for output of another sha
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
@@ -11,20 +12,15 @@ from pathlib import Path
 import pytest
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.guest_state import (
-    MISSING,
-    PathState,
-    StateRequest,
-    UnitState,
-    UserEntry,
-    parse_state,
-    state_command,
-)
+from pvegpu.facts.guest_state import StateRequest, parse_state, state_command
 from pvegpu.facts.sglang import VenvState
+from pvegpu.models.guest_state import MISSING, PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule
-from tests.unit.fuzz_targets import fixture
+from pvegpu.models.p2p import RECORD_PATH, Identity, Record
+from tests.unit.fuzz_targets import GUEST_STATE_WITH_RECORD, P2P_RECORD, fixture
 
 SAMPLE = fixture("guest_state_lab_vm.txt")
+RECORD = Record("probe", "p2p", Identity("580.95.05", "6.18.44-fc-v1045", "hostpci0=mapping=gpu0,pcie=1; C"))
 
 
 def test_parse_real_lab_guest() -> None:
@@ -53,6 +49,39 @@ def test_parse_real_lab_guest() -> None:
     assert state.module == LoadedModule("open", "580.95.05")
     assert [gpu.bus_id for gpu in state.smi.gpus] == [f"00000000:0{i}:00.0" for i in range(1, 9)]
     assert state.secrets == {}
+    assert (state.records, state.p2p_record) == ({}, None)  # not requested: no records section
+
+
+def test_parse_the_records_section() -> None:
+    """The sample with the section a request for the P2P record adds (synthesized: fuzz_targets)."""
+    state = parse_state(GUEST_STATE_WITH_RECORD)
+    assert state.records == {RECORD_PATH: P2P_RECORD.text()}
+    assert state.p2p_record == Record("probe", "shm", P2P_RECORD.identity, ("x",), "s")
+    missing = parse_state((*SAMPLE[:-1], "#pvegpu:records", f"missing\t{RECORD_PATH}", "#pvegpu:end"))
+    assert (missing.records, missing.p2p_record) == ({RECORD_PATH: None}, None)
+
+
+def test_initramfs_images_older_than_the_blacklist(tmp_path: Path) -> None:
+    """The `initramfs` section, run here with sh on real files (/boot moved under tmp_path)."""
+    boot, blacklist = tmp_path / "boot", tmp_path / "pvegpu-nouveau.conf"
+    boot.mkdir()
+    for name, mtime in (("initrd.img-6.1.0-old", 100), ("initrd.img-6.1.0-new", 300), ("vmlinuz-6.1.0", 100)):
+        (boot / name).write_text("")
+        os.utime(boot / name, (mtime, mtime))
+    blacklist.write_text("blacklist nouveau\n")
+    os.utime(blacklist, (200, 200))
+
+    def stale(after: Path) -> tuple[str, ...]:
+        command = state_command(StateRequest(initramfs_after=str(after))).replace("/boot", str(boot))
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return parse_state(done.stdout.splitlines()).stale_initramfs
+
+    assert stale(blacklist) == ("initrd.img-6.1.0-old",)
+    assert stale(tmp_path / "absent.conf") == ()  # no blacklist yet: writing it refreshes
+    assert parse_state(SAMPLE).stale_initramfs == ()  # not requested: no initramfs section
+    assert "find /boot -maxdepth 1 -name 'initrd.img-*' ! -newer /etc/modprobe.d/x.conf" in state_command(
+        StateRequest(initramfs_after="/etc/modprobe.d/x.conf")
+    )
 
 
 def test_command_reads_real_files(tmp_path: Path) -> None:
@@ -60,10 +89,12 @@ def test_command_reads_real_files(tmp_path: Path) -> None:
     os.chmod(tmp_path / "a.conf", 0o640)
     (tmp_path / "key").write_text("sk-1\n")
     os.symlink("a.conf", tmp_path / "link")
+    (tmp_path / "record.json").write_text(RECORD.text())
     paths = tuple(str(tmp_path / name) for name in ("a.conf", "link", "absent", ""))
+    records = (str(tmp_path / "record.json"), str(tmp_path / "absent"), str(tmp_path))
     request = StateRequest(
         paths=paths, users=("root",), groups=("root", "no-such-group"), secrets=(str(tmp_path / "key"),),
-        venvs=(str(tmp_path / "no-venv"),), version_file=str(tmp_path / "no-module"),
+        venvs=(str(tmp_path / "no-venv"),), records=records, version_file=str(tmp_path / "no-module"),
     )  # fmt: skip
     done = subprocess.run(["sh", "-c", state_command(request)], capture_output=True, text=True, check=True)
 
@@ -83,6 +114,8 @@ def test_command_reads_real_files(tmp_path: Path) -> None:
     assert state.venvs == {str(tmp_path / "no-venv"): VenvState(False, None)}
     assert state.module is None
     assert state.secrets[str(tmp_path / "key")].lines == 1
+    assert state.records == {records[0]: RECORD.text(), records[1]: None, records[2]: None}
+    assert state.p2p_record is None  # the record read is not at RECORD_PATH
 
 
 @pytest.mark.parametrize(
@@ -106,6 +139,27 @@ def test_command_reads_real_files(tmp_path: Path) -> None:
         (
             tuple(line.replace("sglang:x:997:", "sglang:x") for line in SAMPLE),
             "host state: line 225: 'sglang:x' is not a group line",
+        ),
+        (
+            (
+                *SAMPLE[:-1],
+                "#pvegpu:records",
+                f"{base64.b64encode(b'{}').decode()}#\t{RECORD_PATH}",
+                "#pvegpu:end",
+            ),
+            "host state: line 242: 'e30=#\\t/var/lib/pvegpu/p2p-probe.json' is not a record line",
+        ),
+        (
+            (*SAMPLE[:-1], "#pvegpu:initramfs", "/boot/initrd.img-6.1.0", "#pvegpu:end"),
+            "host state: line 242: '/boot/initrd.img-6.1.0' is not an initramfs image name",
+        ),
+        (
+            (*SAMPLE[:-1], "#pvegpu:initramfs", "#pvegpu:records", "#pvegpu:end", "x"),
+            "line 244: 'x' after the end marker",
+        ),
+        (
+            (*SAMPLE[:-1], "#pvegpu:records", "e30=\tvar/lib", "#pvegpu:end"),
+            "host state: line 242: 'e30=\\tvar/lib' is not a record line",
         ),
     ],
 )

@@ -1,5 +1,5 @@
-"""`NodeBoot` (pvegpu/facts/node_boot.py): the bootloader and boot files read with one command, each part
-parsed by its own fact's parser."""
+"""The node's boot part (pvegpu/facts/node_boot.py): the bootloader and boot files read with one command,
+each part parsed by its own fact's parser."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from pvegpu.facts.boot import BootLoader, parse_boot_loader
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.node_boot import NodeBoot, parse_node_boot
+from pvegpu.facts.node_boot import node_boot_command, parse_node_boot
 from pvegpu.facts.pvegpu_boot import PvegpuBootFiles, parse_boot_files
 from tests.unit.fuzz_targets import BOOT_FILES, BOOT_LOADER
 
@@ -27,7 +27,7 @@ def test_one_command_here_gives_what_the_two_facts_give() -> None:
             ["sh", "-c", command], capture_output=True, text=True, check=True
         ).stdout.splitlines()
 
-    both = NodeBoot().process(run(NodeBoot().command()))
+    both = parse_node_boot(run(node_boot_command()))
     assert both == (
         BootLoader().process(run(BootLoader().command())),
         PvegpuBootFiles().process(run(PvegpuBootFiles().command())),

@@ -12,12 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from pyinfra.api.command import FileUploadCommand, StringCommand
-from pyinfra.context import ctx_host
-from pyinfra.facts.files import Sha256File
+from pyinfra.api.command import FileUploadCommand
 
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.facts.node_state import NodeRead
 from pvegpu.facts.pci_cfg import render_pci_cfg
 from pvegpu.hook.bundle import BUNDLE_PATH, PYTHON, Bundle, BundleError, build, modules, wrapper
 from pvegpu.hook.decide import FIX_COMMAND, Mode, Start, decide, mapped_ids
@@ -28,6 +27,7 @@ from pvegpu.operations.hook import hook_installed
 from pvegpu.plan.mapping import plan_mappings
 from pvegpu.plan.topology import plan_vendor_topology
 from pvegpu.plan.vm import create_keys, diff_vm, vm_config
+from tests.unit.op_harness import node_state, run_op
 
 NAMES = ("reference", "reference-renumbered", "reference-missing-gpu")
 CONFIG = "boot: order=scsi0\nhostpci0: mapping=gpu0,pcie=1\nhostpci1: 0000:99:00\n" + "".join(
@@ -264,32 +264,19 @@ def test_wrapper_names_the_version_and_the_bundle_it_runs() -> None:
 # --- the install operation ---------------------------------------------------------------------------------
 
 
-class PathFacts:
-    """A pyinfra host whose Sha256File answers per path."""
-
-    name = "pve1"
-    print_prefix = "[pve1] "
-
-    def __init__(self, sums: dict[str, str | None]) -> None:
-        self.sums = sums
-        self.noops: list[str] = []
-
-    def get_fact(self, fact: type, path: str) -> str | None:
-        assert fact is Sha256File
-        return self.sums[path]
-
-    def noop(self, description: str) -> None:
-        self.noops.append(description)
-
-
 HOOK = "/var/lib/vz/snippets/pvegpu-hook"
 
 
 def install(sums: dict[str, str | None], bundle: Bundle, text: str) -> tuple[list[object], list[str]]:
-    fake = PathFacts(sums)
-    with ctx_host.use(fake):
-        commands = list(hook_installed._inner(bundle=bundle, wrapper_path=HOOK, wrapper=text))
-    return [c.get_raw_value() if isinstance(c, StringCommand) else c for c in commands], fake.noops
+    """hook_installed on a node whose state read found `sums` (path -> sha256; None: no such file)."""
+    found = {path: sha256 for path, sha256 in sums.items() if sha256 is not None}
+    return run_op(  # type: ignore[return-value]
+        hook_installed,
+        {NodeRead: node_state(files_sha256=found)},
+        bundle=bundle,
+        wrapper_path=HOOK,
+        wrapper=text,
+    )
 
 
 def test_noop_hook_installed_when_both_files_match() -> None:

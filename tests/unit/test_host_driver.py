@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
+from pvegpu.facts.host_driver import parse_host_driver
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, parse_nvml_version
+from pvegpu.facts.node_state import NodeRead
 from pvegpu.facts.nvidia import CharDevices, char_devices_command
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.host_driver import HostDriverState, UnitState
@@ -19,12 +20,17 @@ from pvegpu.operations.render import render
 from pvegpu.plan.driver import KERNEL_PACKAGES, driver_packages
 from pvegpu.plan.lxc import device_nodes
 from tests.unit.host_states import decide_from, host_state
-from tests.unit.op_harness import run_op
+from tests.unit.op_harness import node_state, run_op
 from tests.unit.test_ops_guest import FakeShell, call
 
 DRIVER = DriverSpec()
 KERNEL = "6.8.12-4-pve"
 NODES = device_nodes(8, ())
+
+
+def left_on(driver: HostDriverState) -> dict[type, object]:
+    """The node's state read, with `driver` as what the host-driver profiles left."""
+    return {NodeRead: node_state(driver=driver)}
 
 
 # --- packages per placement -----------------------------------------------------------------------
@@ -220,7 +226,7 @@ def test_parse_host_driver_state() -> None:
 def test_update_parks_units_and_files() -> None:
     commands, noops = run_op(
         host_driver_parked,
-        {HostDriverFiles: parse_host_driver(LEFT_BY_BAREMETAL)},
+        left_on(parse_host_driver(LEFT_BY_BAREMETAL)),
         profile="vm",
         allow_stop=True,
     )
@@ -236,7 +242,7 @@ def test_update_parks_units_and_files() -> None:
 def test_noop_parking_not_allowed_says_what_it_would_do() -> None:
     commands, noops = run_op(
         host_driver_parked,
-        {HostDriverFiles: parse_host_driver(LEFT_BY_BAREMETAL[:5])},
+        left_on(parse_host_driver(LEFT_BY_BAREMETAL[:5])),
         profile="vm",
         allow_stop=False,
     )
@@ -251,7 +257,7 @@ def test_noop_parking_not_allowed_says_what_it_would_do() -> None:
 
 def test_noop_parking_nothing_left() -> None:
     state = parse_host_driver([f"unit {u} disabled inactive" for u in ("sglang.service", "x.service")])
-    commands, noops = run_op(host_driver_parked, {HostDriverFiles: state}, profile="vm", allow_stop=False)
+    commands, noops = run_op(host_driver_parked, left_on(state), profile="vm", allow_stop=False)
     assert (commands, noops) == ([], ["nothing loads or uses the NVIDIA driver on this host at boot"])
 
 
@@ -259,7 +265,7 @@ def test_stopped_units_parked_without_allow() -> None:
     state = parse_host_driver(
         ["file /etc/modules-load.d/pvegpu-nvidia.conf", "unit nvidia-persistenced.service enabled inactive"]
     )
-    commands, _ = run_op(host_driver_parked, {HostDriverFiles: state}, profile="vm", allow_stop=False)
+    commands, _ = run_op(host_driver_parked, left_on(state), profile="vm", allow_stop=False)
     assert commands == [
         "systemctl disable --now nvidia-persistenced.service",
         "rm -f /etc/modules-load.d/pvegpu-nvidia.conf",
@@ -288,7 +294,7 @@ def test_container_userspace_version_from_nvml_file_name() -> None:
 def test_update_lxc_parks_only_the_hosts_sglang() -> None:
     commands, _ = run_op(
         host_driver_parked,
-        {HostDriverFiles: parse_host_driver(LEFT_BY_BAREMETAL)},
+        left_on(parse_host_driver(LEFT_BY_BAREMETAL)),
         profile="lxc",
         allow_stop=True,
     )
@@ -302,6 +308,9 @@ def test_update_lxc_parks_only_the_hosts_sglang() -> None:
 def test_noop_lxc_nothing_served_from_the_host() -> None:
     left = [line for line in LEFT_BY_BAREMETAL if "sglang" not in line]
     commands, noops = run_op(
-        host_driver_parked, {HostDriverFiles: parse_host_driver(left)}, profile="lxc", allow_stop=False
+        host_driver_parked,
+        left_on(parse_host_driver(left)),
+        profile="lxc",
+        allow_stop=False,
     )
     assert (commands, noops) == ([], ["SGLang does not serve from this host (the container serves)"])

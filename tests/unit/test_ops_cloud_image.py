@@ -12,6 +12,7 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha256File
 
+from pvegpu.facts.node_state import NodeRead
 from pvegpu.operations.cloud_image import (
     disk_grown,
     disk_size_gib,
@@ -21,7 +22,7 @@ from pvegpu.operations.cloud_image import (
 )
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import FakeApi, execute, sequence, task_ok
-from tests.unit.op_harness import run_op
+from tests.unit.op_harness import node_state, run_op
 
 UPID_DL = "UPID:pve1:0000B1B2:0153F2C4:66A1B2C5:download:debian-12-genericcloud-amd64.qcow2:root@pam:"
 VOLID = "local:import/debian-12-genericcloud-amd64.qcow2"
@@ -143,13 +144,25 @@ def test_the_snippet_is_written_root_only_when_its_checksum_differs() -> None:
     content = "#cloud-config\nhostname: llm\n"
     path = "/var/lib/vz/snippets/pvegpu-100-user.yaml"
     same = hashlib.sha256(content.encode()).hexdigest()
-    assert run_op(snippet_file, {Sha256File: same}, path=path, content=content) == (
+    found = {NodeRead: node_state(files_sha256={path: same})}
+    assert run_op(snippet_file, found, path=path, content=content) == (
         [],
         [f"cloud-init user-data {path} is up to date"],
     )
-    commands, _ = run_op(snippet_file, {Sha256File: None}, path=path, content=content)
+    commands, _ = run_op(snippet_file, {NodeRead: node_state(files_sha256={})}, path=path, content=content)
     assert commands[0] == "mkdir -p /var/lib/vz/snippets"
     assert "chmod 0600 /var/lib/vz/snippets/.pvegpu-100-user.yaml.pvegpu-new" in str(commands[1])
+
+
+def test_a_snippet_outside_the_storages_the_node_read_saw_is_read_on_its_own() -> None:
+    content = "#cloud-config\nhostname: llm\n"
+    path = "/srv/elsewhere/snippets/pvegpu-100-user.yaml"  # not in the read's storage.cfg directories
+    same = hashlib.sha256(content.encode()).hexdigest()
+    facts = {NodeRead: node_state(), Sha256File: same}
+    assert run_op(snippet_file, facts, path=path, content=content) == (
+        [],
+        [f"cloud-init user-data {path} is up to date"],
+    )
 
 
 def vm_config(scsi0: str, digest: str = "c1") -> dict[str, object]:

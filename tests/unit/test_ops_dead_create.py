@@ -14,7 +14,6 @@ from pyinfra.api.exceptions import OperationError
 
 from pvegpu.create_records import CreateLedger, ledger_beside
 from pvegpu.operations.lxc import lxc_container
-from pvegpu.operations.vm import q35_vm
 from pvegpu.plan.dead_create import CreateRecord
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import UPID_CREATE, ConfigStore, FakeApi, execute, task_ok
@@ -26,6 +25,7 @@ from tests.unit.test_ops_vm import (
     DEAD_CREATE,
     STUB,
     TASKS,
+    converge,
     created_config,
     vm_store,
 )
@@ -50,21 +50,6 @@ def ledger(tmp_path: Path, user: str = "root@pam", record: CreateRecord | None =
     if record is not None:
         made.write("pve1", "qemu", 100, record)
     return made
-
-
-def converge(api: FakeApi, records: CreateLedger) -> tuple[list[Any], list[str]]:
-    return run_op(
-        q35_vm,
-        {},
-        api=api.client,
-        node="pve1",
-        vmid=100,
-        config=CONFIG,
-        create=CREATE,
-        prefix="gpu",
-        timeout_s=5,
-        ledger=records,
-    )
 
 
 def dead_create_api(store: ConfigStore) -> FakeApi:

@@ -12,9 +12,9 @@ import pytest
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.guest_state import MISSING, PathState
 from pvegpu.facts.sglang import Probe, SglangProbe, VenvState
 from pvegpu.models.driver import DriverSpec
+from pvegpu.models.guest_state import MISSING, PathState
 from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
 from pvegpu.operations.files import write_file
 from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified

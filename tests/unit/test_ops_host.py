@@ -9,6 +9,7 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.boot import KernelCmdline
+from pvegpu.facts.node_state import NodeRead
 from pvegpu.facts.pvegpu_boot import BootFiles, EspEntries
 from pvegpu.models.boot import BootLoaderInfo, BootLoaderKind
 from pvegpu.models.hardware import HostHardware
@@ -18,7 +19,7 @@ from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import UPDATE_INITRAMFS, render_vfio, vfio_config
 from pvegpu.plan.vfio import plan_vfio
 from tests.unit.hostdata import two_cards, written_files
-from tests.unit.op_harness import run_op
+from tests.unit.op_harness import node_state, run_op
 
 TOKENS = ("amd_iommu=on", "iommu=pt")
 GRUB = BootLoaderInfo(BootLoaderKind.GRUB, (), False, ("/etc/default/grub present",))
@@ -54,7 +55,9 @@ def cmdline(
     tokens: tuple[str, ...] = TOKENS,
     running: tuple[str, ...] = RUNNING_ESP,
 ) -> Any:
-    return run_op(cmdline_tokens, {KernelCmdline: running}, tokens=tokens, boot=boot, files=boot_files)
+    return run_op(
+        cmdline_tokens, {NodeRead: node_state(cmdline=running)}, tokens=tokens, boot=boot, files=boot_files
+    )
 
 
 def written(path: str, content: str, check: str | None = None) -> str:
@@ -360,7 +363,7 @@ RUNNING_NEW = (*RUNNING_OLD, *TOKENS)
 def reboot(running: tuple[str, ...], hw: HostHardware, allow: bool, functions: tuple[str, ...] = ALL) -> Any:
     return run_op(
         reboot_if_pending,
-        {KernelCmdline: running},
+        {NodeRead: node_state(cmdline=running)},
         hardware=hw,
         tokens=TOKENS,
         functions=functions,
@@ -426,7 +429,7 @@ class Rebooting:
 def wait_function(timeout_s: float) -> Any:
     commands, _ = run_op(
         reboot_if_pending,
-        {KernelCmdline: RUNNING_OLD},
+        {NodeRead: node_state(cmdline=RUNNING_OLD)},
         hardware=two_cards(),
         tokens=TOKENS,
         functions=ALL,

@@ -12,7 +12,7 @@ from pyinfra.api.output import format_text
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import FileContents
 
-from pvegpu.facts.guest_state import MISSING, PathState, UnitState, UserEntry
+from pvegpu.models.guest_state import MISSING, PathState, UnitState, UserEntry
 from pvegpu.operations.files import write_file
 from pvegpu.operations.state import directory, file_content, packages, service, system_group, system_user
 from tests.unit.host_states import decide_from, host_state

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import OperationError
 
+from pvegpu.create_records import CreateLedger
 from pvegpu.models.vm import VmSpec
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
@@ -62,7 +63,8 @@ def config_api(store: ConfigStore, **answers: object) -> FakeApi:
     return FakeApi({("GET", CONFIG_PATH): store.get, ("PUT", CONFIG_PATH): store.put, **answers})  # type: ignore[dict-item]
 
 
-def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
+def converge(api: FakeApi, ledger: CreateLedger | None = None) -> tuple[list[Any], list[str]]:
+    """`q35_vm` of CONFIG/CREATE on pve1's VM 100 through `api`; `ledger`: pvegpu's create records."""
     return run_op(
         q35_vm,
         {},
@@ -73,6 +75,7 @@ def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
         create=CREATE,
         prefix="gpu",
         timeout_s=5,
+        ledger=ledger,
     )
 
 

@@ -15,6 +15,7 @@ from pvegpu.bench_report import DPI, HEIGHT_IN, WIDTH_IN, comparison_png, plot_p
 from pvegpu.models.bench import BenchSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import validate_inventory
+from pvegpu.models.p2p import Identity, Record
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.bench import serving_benchmark
 from pvegpu.plan.bench import (
@@ -31,7 +32,6 @@ from pvegpu.plan.bench import (
     speed_settings,
 )
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.p2p import Identity, Record
 from tests.unit.op_harness import run_op
 
 # Synthesized in the JSONL shape of sglang.benchmark.serving (knowledge file section 1.4); extra keys ignored.

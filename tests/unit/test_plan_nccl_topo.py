@@ -25,8 +25,8 @@ from lab.fakesys import write_tree
 from lab.pve.guest import ROOT_PORTS, Passed, q35_guest
 from lab.topologies import NVIDIA, TOPOLOGIES
 from lab.topology import place
-from pvegpu.facts.guest_state import MISSING, PathState
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.models.guest_state import MISSING, PathState
 from pvegpu.models.hardware import HostHardware, Link
 from pvegpu.operations.files import write_file
 from pvegpu.operations.nccl_topo import nccl_topo_file

@@ -5,7 +5,6 @@ failure kind, the record, and the NCCL plan it switches (pvegpu/plan/nccl.py).""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +12,17 @@ import pytest
 
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.models.p2p import Identity, Record
 from pvegpu.models.vm import VmSpec
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.nccl import P2P_CHECK_PROVEN, P2P_LEVEL_PROVEN, FlagSetting, plan_nccl
 from pvegpu.plan.p2p import (
-    Identity,
-    Record,
     clique_args,
     crash_failure,
     guest_uses_p2p,
     judge,
     own_clique,
-    parse_record,
     plan_cliques,
     timeout_failure,
     vm_devices,
@@ -223,22 +220,15 @@ def test_error_timeout_and_crash_lines() -> None:
 IDENTITY = Identity("580.95.05", "6.12.0-1-amd64", "hostpci0=mapping=gpu0,pcie=1; -set x")
 
 
-def test_record_round_trip_and_use() -> None:
+def test_record_use() -> None:
+    """The record's text and parser: tests/unit/test_facts_p2p_record.py."""
     record = Record("probe", "p2p", IDENTITY, (), SUMMARY)
-    assert parse_record(record.text()) == record
-    assert json.loads(record.text())["identity"] == {
-        "driver": "580.95.05",
-        "kernel": "6.12.0-1-amd64",
-        "devices": "hostpci0=mapping=gpu0,pcie=1; -set x",
-    }
     assert guest_uses_p2p("probe", record)
     assert not guest_uses_p2p("off", record)
     assert not guest_uses_p2p(None, record)
     assert not guest_uses_p2p("probe", Record("probe", "shm", IDENTITY, ("x",)))
     assert not guest_uses_p2p("probe", None)
     assert guest_uses_p2p("on", None)
-    assert parse_record("") is None
-    assert parse_record('{"mode": "off"}') is None
 
 
 def test_vm_devices_in_hostpci_order() -> None:

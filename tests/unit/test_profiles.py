@@ -11,7 +11,7 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.boot import KernelCmdline
+from pvegpu.facts.node_state import NodeRead
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.inventory import GpuSelector
 from pvegpu.operations.pve_guest import VM, guest_parked, guest_running, maps_gpus
@@ -24,7 +24,7 @@ from pvegpu.plan.topology import plan_topology
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import UPID_START, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.hostdata import RTX, fn, two_cards, written_files
-from tests.unit.op_harness import run_op
+from tests.unit.op_harness import node_state, run_op
 
 ALL = ("0000:41:00.0", "0000:41:00.1", "0000:51:00.0", "0000:51:00.1")
 SELECTOR = GpuSelector(ids=(RTX,), count=2)
@@ -138,7 +138,7 @@ def test_noop_vfio_dropins_absent() -> None:
 def reboot(running: tuple[str, ...], driver: str | None, allow: bool) -> Any:
     return run_op(
         reboot_if_pending,
-        {KernelCmdline: running},
+        {NodeRead: node_state(cmdline=running)},
         hardware=two_cards(driver=driver),
         tokens=("iommu=pt",),
         functions=ALL,

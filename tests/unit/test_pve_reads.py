@@ -1,17 +1,21 @@
 """`shared_reads`: one API read per resource (a guest's config, the PCI mappings) until a write; statuses
-and tasks always read. Counted on the calls the scripted API receives, with the VM operations of
+and tasks always read, except that `read_ahead` sends a run's reads at once and the first read of each takes
+that answer. Counted on the calls the scripted API receives, with the VM operations of
 `deploy/site.py` run the way `pyinfra -y` runs them: each operation's reads, then its commands, in order."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
+import gevent
 import pytest
 
-from pvegpu.facts.pve import shared_reads
+from pvegpu.facts.pve import read_ahead, shared_reads
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import q35_vm
-from pvegpu.pve import PveClient, PveError
+from pvegpu.pve import Params, PveClient, PveConnectionLostError, PveError
 from tests.unit.fake_pve import UPID_CREATE, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 from tests.unit.test_ops_vm import (
@@ -105,3 +109,111 @@ def test_a_shared_error_is_raised_again() -> None:
         with pytest.raises(PveError, match=r"^500 Configuration file 'nodes/pve1/qemu-server/100\.conf'"):
             client.vm_config("pve1", 100)
     assert len(api.calls) == 1
+
+
+# --- read_ahead: the run's reads sent at once ------------------------------------------------------------
+
+
+class SlowApi(FakeApi):
+    """A FakeApi whose every call takes `delay_s` of gevent time (a round trip to the node)."""
+
+    def __init__(self, answers: dict[tuple[str, str], object], delay_s: float = 0.2) -> None:
+        super().__init__(answers)
+        self.delay_s = delay_s
+
+    def __call__(self, method: str, path: str, params: Params) -> object:
+        gevent.sleep(self.delay_s)
+        return super().__call__(method, path, params)
+
+
+MAPPINGS = "/cluster/mapping/pci"
+STORAGE = "/storage/local"
+VM_READS: list[Callable[[PveClient], object]] = [
+    lambda api: api.vm_config("pve1", 100),
+    lambda api: api.vm_status("pve1", 100),
+    lambda api: api.mappings(check_node="pve1"),
+    lambda api: api.storage("local"),
+]
+
+
+def vm_answers() -> dict[tuple[str, str], object]:
+    return {
+        ("GET", CONFIG_PATH): created_config(),
+        ("GET", STATUS): sequence(status("running"), status("stopped")),
+        ("GET", MAPPINGS): [],
+        ("GET", STORAGE): {"content": "images,snippets", "path": "/var/lib/vz", "digest": "d1"},
+    }
+
+
+def test_reads_sent_ahead_go_together_and_each_is_sent_once() -> None:
+    api = SlowApi(vm_answers())
+    client = shared_reads(api.client)
+    started = time.monotonic()
+
+    read_ahead(client, VM_READS)
+    noops = _site_vm_ops(client)
+    client.mappings(check_node="pve1")
+    client.storage("local")
+
+    assert time.monotonic() - started < 0.35  # 4 reads of 0.2 s each, at once: not 0.8 s
+    assert noops == [
+        "VM 100 (llm) on pve1 has its config: q35, ovmf, 8 hostpci devices",
+        "VM 100 is running on pve1",
+    ]
+    assert sorted(path for _, path, _ in api.calls) == sorted([CONFIG_PATH, STATUS, MAPPINGS, STORAGE])
+
+
+def test_a_status_read_ahead_answers_only_the_first_status_read() -> None:
+    api = FakeApi(vm_answers())
+    client = shared_reads(api.client)
+
+    read_ahead(client, VM_READS[1:2])
+
+    assert [client.vm_status("pve1", 100).status for _ in range(2)] == ["running", "stopped"]
+    assert api.calls == [("GET", STATUS, {})] * 2
+
+
+def test_a_write_drops_what_was_read_ahead() -> None:
+    api = SlowApi({**vm_answers(), ("PUT", STORAGE): None}, delay_s=0.05)
+    client = shared_reads(api.client)
+
+    read_ahead(client, VM_READS[3:])
+    client.update_storage_content("local", ["images", "snippets", "import"], "d1")  # before the answer
+    client.storage("local")
+
+    assert [(method, path) for method, path, _ in api.calls] == [
+        ("GET", STORAGE),
+        ("PUT", STORAGE),
+        ("GET", STORAGE),
+    ]
+
+
+def test_what_a_read_ahead_raises_is_raised_to_the_read_that_takes_it() -> None:
+    lost = PveConnectionLostError("ssh root@pve1:22: connection lost after the command was sent: EOFError")
+    broken = RuntimeError("not an API error")
+
+    def storage(_params: dict[str, Any]) -> object:
+        raise broken
+
+    api = FakeApi({("GET", CONFIG_PATH): lost, ("GET", STORAGE): storage})
+    client = shared_reads(api.client)
+
+    read_ahead(client, [VM_READS[0], VM_READS[3]])
+
+    for _ in range(2):  # an API error is the read's answer, kept as a shared read keeps it
+        with pytest.raises(PveConnectionLostError) as error:
+            client.vm_config("pve1", 100)
+        assert error.value is lost
+    with pytest.raises(RuntimeError) as raised:  # anything else is raised once, not kept: the next read sends
+        client.storage("local")
+    assert raised.value is broken
+    with pytest.raises(RuntimeError):
+        client.storage("local")
+    assert [path for _, path, _ in api.calls] == [CONFIG_PATH, STORAGE, STORAGE]
+
+
+def test_nothing_is_read_ahead_on_a_client_without_shared_reads() -> None:
+    api = FakeApi(vm_answers())
+    read_ahead(api.client, VM_READS)
+    gevent.sleep(0.01)
+    assert api.calls == []

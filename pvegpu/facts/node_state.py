@@ -1,0 +1,202 @@
+"""`NodeRead`: everything a no-op run needs to know about a Proxmox node, in ONE command.
+
+The parts, in order, each opened by a line `#pvegpu-node:<part>` and parsed by the facts' own pure parsers:
+
+- `hardware`: every PCI function (`hardware_parse.hardware_command` under the request's sysfs root), sent as
+  ONE line, gzip then base64: pyinfra reads a command's output a line at a time in Python, and the sysfs
+  listing is the bulk of the read (~1,700 lines on the lab's 8-GPU node, more on a real server), which made
+  a many-node run's reading CPU-bound here; gzip and base64 are in every Debian (Essential: yes);
+- `cpu`: the kernel release and CPU vendor (`cpu.CpuAndKernel`);
+- `boot`: the bootloader and pvegpu's boot files (`node_boot.parse_node_boot`);
+- `driver`: what the host-driver profiles left (`host_driver.HostDriverFiles`, the request's files and units);
+- `cmdline`: the running kernel command line (the request's `cmdline_path`);
+- `sha256`: per fixed path of the request a line `path <path>` and its sha256 when it is a file; then, per
+  storage directory in /etc/pve/storage.cfg (and /var/lib/vz, the `local` storage Proxmox assumes without
+  that file), a line `dir <path>/snippets` and the sha256 of each `pvegpu-*` file in it: pvegpu's user-data
+  snippets and hookscript, wherever `vm.snippets_storage` points, without asking the API first.
+
+A part whose command fails (a sysfs root that is not a directory, a missing command line file) fails the whole
+read with that command's message, as its own fact did.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.boot import KernelCmdline, parse_cmdline
+from pvegpu.facts.cpu import CpuAndKernel, parse_cpu_kernel
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.hardware import hardware_command, parse_hardware
+from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
+from pvegpu.facts.node_boot import node_boot_command, parse_node_boot
+from pvegpu.facts.pvegpu_boot import BootFiles
+from pvegpu.models.boot import BootLoaderInfo, CpuKernel
+from pvegpu.models.hardware import HostHardware
+from pvegpu.models.host_driver import HostDriverState
+
+PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "end")
+PART_MARKER = "#pvegpu-node:"
+STORAGE_CFG = "/etc/pve/storage.cfg"
+DEFAULT_STORAGE_DIR = "/var/lib/vz"
+SNIPPET_PREFIX = "pvegpu-"
+_SHA256_LINE = re.compile(r"([0-9a-f]{64})  (/.*)")
+_DIR_LINE = re.compile(r"dir (/.*)")
+_PATH_LINE = re.compile(r"path (/.*)")
+
+
+@dataclass(frozen=True)
+class NodeStateRequest:
+    """What to read besides the hardware, CPU, boot state and command line every node read has."""
+
+    sysfs_root: str = "/sys"
+    cmdline_path: str = "/proc/cmdline"
+    driver_files: tuple[str, ...] = ()
+    driver_units: tuple[str, ...] = ()
+    sha256_paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """The parsed read (module docstring). `sha256` is only for a path the read covered (`covers`)."""
+
+    hardware: HostHardware
+    cpu_kernel: CpuKernel
+    boot: BootLoaderInfo
+    boot_files: BootFiles
+    driver: HostDriverState
+    cmdline: tuple[str, ...]
+    files_sha256: Mapping[str, str]
+    fixed_paths: tuple[str, ...]
+    snippet_dirs: tuple[str, ...]
+
+    def covers(self, path: str) -> bool:
+        """Whether the read looked for `path`: a fixed path, or a `pvegpu-*` file in a snippets directory."""
+        directory, name = posixpath.split(path)
+        return path in self.fixed_paths or (
+            directory in self.snippet_dirs and name.startswith(SNIPPET_PREFIX)
+        )
+
+    def sha256(self, path: str) -> str | None:
+        """The sha256 of the file at `path` (None: no such file). KeyError for a path the read did not cover:
+        deciding from a read that never looked would rewrite the file on every run."""
+        if not self.covers(path):
+            raise KeyError(f"{path} is not in the node state read (pvegpu.node_state.node_request)")
+        return self.files_sha256.get(path)
+
+
+def node_read_command(request: NodeStateRequest) -> str:
+    """The one POSIX-sh command of the read (module docstring); a failing part exits with its status."""
+    # `$(...)` keeps the listing's exit status (a pipe would give gzip's); its final newline is not needed.
+    hardware = f"listing=$({hardware_command(request.sysfs_root)}\n) || exit $?\n"
+    parts = {
+        "hardware": hardware + "printf '%s\\n' \"$listing\" | gzip -1 -n | base64 -w 0\necho",
+        "cpu": CpuAndKernel().command(),
+        "boot": node_boot_command(),
+        "driver": HostDriverFiles().command(request.driver_files, request.driver_units),
+        "cmdline": KernelCmdline().command(request.cmdline_path),
+        "sha256": files_sha256_command(request.sha256_paths),
+    }
+    lines = [
+        f"echo {shlex.quote(PART_MARKER + name)}\n( {script}\n) || exit $?" for name, script in parts.items()
+    ]
+    return "\n".join([*lines, f"echo {shlex.quote(PART_MARKER + 'end')}"])
+
+
+def files_sha256_command(paths: Sequence[str], storage_cfg: str = STORAGE_CFG) -> str:
+    """The `sha256` part (module docstring): `paths`, then pvegpu's files in each storage's snippets dir."""
+    fixed = " ".join(shlex.quote(path) for path in paths)
+    return (
+        f'for f in {fixed}; do echo "path $f"; if [ -f "$f" ]; then sha256sum -- "$f"; fi; done\n'
+        f'{{ echo {DEFAULT_STORAGE_DIR}; awk \'$1 == "path" {{ sub(/^[ \\t]*path[ \\t]+/, ""); print }}\' '
+        f"{shlex.quote(storage_cfg)} 2>/dev/null; }} | sort -u | while IFS= read -r d; do\n"
+        '  echo "dir $d/snippets"\n'
+        f'  for f in "$d"/snippets/{SNIPPET_PREFIX}*; do if [ -f "$f" ]; then sha256sum -- "$f"; fi; done\n'
+        "done"
+    )
+
+
+def parse_node_state(lines: Sequence[str]) -> NodeState:
+    """The read's output -> NodeState. Pure; FactParseError naming the part that is missing or malformed."""
+    parts = _split_parts(lines)
+    hashes, fixed, dirs = _parse_sha256(parts["sha256"])
+    return NodeState(
+        hardware=parse_hardware(_unpacked(parts["hardware"])),
+        cpu_kernel=parse_cpu_kernel(parts["cpu"]),
+        boot=(boot := parse_node_boot(parts["boot"]))[0],
+        boot_files=boot[1],
+        driver=parse_host_driver(parts["driver"]),
+        cmdline=parse_cmdline(parts["cmdline"]),
+        files_sha256=hashes,
+        fixed_paths=fixed,
+        snippet_dirs=dirs,
+    )
+
+
+def _split_parts(lines: Sequence[str]) -> dict[str, list[str]]:
+    parts: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for number, line in enumerate(lines, start=1):
+        if line.startswith(PART_MARKER):
+            name = line[len(PART_MARKER) :]
+            expected = PARTS[len(parts)] if len(parts) < len(PARTS) else None
+            if name != expected:
+                raise FactParseError(
+                    f"node state line {number}: {line!r} where {PART_MARKER}{expected} belongs"
+                )
+            current = parts[name] = []
+        elif current is None or "end" in parts:
+            raise FactParseError(f"node state line {number}: {line!r} outside the read's parts")
+        else:
+            current.append(line)
+    if "end" not in parts:
+        missing = PARTS[len(parts)]
+        raise FactParseError(f"node state: truncated output, the {PART_MARKER}{missing} marker is missing")
+    return parts
+
+
+def _unpacked(lines: Sequence[str]) -> list[str]:
+    """The hardware part's one line of base64 of gzip -> the listing's lines."""
+    text = [line for line in lines if line.strip()]
+    try:
+        if len(text) != 1:
+            raise ValueError(f"{len(text)} lines")
+        return gzip.decompress(base64.b64decode(text[0], validate=True)).decode().splitlines()
+    except (ValueError, OSError, EOFError) as error:  # binascii.Error, gzip's BadGzipFile and a cut stream
+        raise FactParseError(f"node state hardware: not one line of gzip in base64 ({error})") from None
+
+
+def _parse_sha256(lines: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    hashes: dict[str, str] = {}
+    fixed: list[str] = []
+    dirs: list[str] = []
+    for line in lines:
+        if match := _SHA256_LINE.fullmatch(line):
+            hashes[match[2]] = match[1]
+        elif match := _PATH_LINE.fullmatch(line):
+            fixed.append(match[1])
+        elif match := _DIR_LINE.fullmatch(line):
+            dirs.append(match[1])
+        elif line.strip():
+            raise FactParseError(f"node state sha256: unexpected line {line!r}")
+    return hashes, tuple(fixed), tuple(dirs)
+
+
+class NodeRead(FactBase[NodeState]):
+    """`host.get_fact(NodeRead, request=NodeStateRequest(...))`: the node's state (module docstring)."""
+
+    @override
+    def command(self, request: NodeStateRequest) -> str:
+        return node_read_command(request)
+
+    @override
+    def process(self, output: list[str]) -> NodeState:
+        return parse_node_state(output)

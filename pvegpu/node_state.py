@@ -1,0 +1,97 @@
+"""`node_state_of(host)`: a Proxmox node's `NodeState` (pvegpu/facts/node_state.py), read once per node and
+run in one command: the PCI hardware and CPU/kernel the node's plan is computed from, and everything its
+operations decide from (boot files, bootloader, running command line, the host-driver profiles' leftovers, the
+sha256 of pvegpu's hook and snippet files).
+
+The plan and the roles read it while pyinfra prepares the run. An operation decides from it while no
+operation on the node has run a command since it was read (`unchanged_node_state`): so a no-op run reads the
+node once, preparing and running alike. After a change an operation reads what it needs on its own, as it
+would without this read (the running command line, one file's sha256, the driver units), so that it decides
+from what the change left and a converging run costs no more reads than before (the bootloader's probe,
+`proxmox-boot-tool status`, mounts every ESP: not again for the command line). Waits that must see the node
+change (a reboot's) read their own facts. pyinfra prepares its hosts at the same time (one greenlet each),
+and a guest's roles plan from its node's state: a read in flight is waited for, not sent again.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import cast
+from weakref import WeakKeyDictionary
+
+from gevent.lock import Semaphore
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+from pyinfra.facts.files import Sha256File
+
+from pvegpu.facts.boot import KernelCmdline
+from pvegpu.facts.host_driver import HostDriverFiles
+from pvegpu.facts.node_state import NodeRead, NodeState, NodeStateRequest
+from pvegpu.hook.bundle import BUNDLE_PATH
+from pvegpu.models.host_driver import HostDriverState
+from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
+from pvegpu.run_progress import commands_run
+
+# Per run and node: the read, and how many of the node's operations had run commands when it was taken.
+_STATES: WeakKeyDictionary[State, dict[str, tuple[int, NodeState]]] = WeakKeyDictionary()
+_READING: WeakKeyDictionary[State, dict[str, AbstractContextManager[object]]] = WeakKeyDictionary()
+
+
+def _greenlet_lock() -> AbstractContextManager[object]:
+    """A lock that blocks only the greenlet that waits on it (pyinfra's hosts share one thread)."""
+    return cast(AbstractContextManager[object], Semaphore())
+
+
+def node_request(node: NodeSpec) -> NodeStateRequest:
+    """The read of a node with the `node` settings: every file the node's operations decide from."""
+    return NodeStateRequest(
+        sysfs_root=str(node.sysfs_root),
+        cmdline_path=str(node.cmdline_path),
+        driver_files=DRIVER_FILES,
+        driver_units=DRIVER_UNITS,
+        sha256_paths=(BUNDLE_PATH,),
+    )
+
+
+def node_state_of(target: Host) -> NodeState:
+    """The state of Proxmox node `target` (module docstring), read on first use in this run."""
+    with _READING.setdefault(target.state, {}).setdefault(target.name, _greenlet_lock()):
+        states = _STATES.setdefault(target.state, {})
+        if target.name not in states:
+            request = node_request(spec_of(target.data, NODE_KEY, NodeSpec))
+            states[target.name] = (commands_run(target), target.get_fact(NodeRead, request=request))
+        return states[target.name][1]
+
+
+def unchanged_node_state(target: Host) -> NodeState | None:
+    """`node_state_of(target)` while no operation on `target` has run a command since it was read; else None
+    (the operation reads what it needs on its own)."""
+    state = node_state_of(target)
+    read_at, _ = _STATES[target.state][target.name]
+    return state if commands_run(target) == read_at else None
+
+
+def running_cmdline(target: Host, cmdline_path: str) -> tuple[str, ...]:
+    """The running kernel command line of node `target` (`cmdline_path`: where it is read)."""
+    state = unchanged_node_state(target)
+    if state is not None:
+        return state.cmdline
+    return target.get_fact(KernelCmdline, cmdline_path=cmdline_path)
+
+
+def driver_leftovers(target: Host) -> HostDriverState:
+    """What the host-driver profiles left on node `target` (pvegpu/plan/host_driver.py)."""
+    state = unchanged_node_state(target)
+    if state is not None:
+        return state.driver
+    return target.get_fact(HostDriverFiles, files=DRIVER_FILES, units=DRIVER_UNITS)
+
+
+def node_file_sha256(target: Host, path: str) -> str | None:
+    """The sha256 of the file at `path` on node `target` (None: no such file): from the node's state read when
+    it covered `path` (pvegpu's hook and snippet files) and nothing changed since, else read on its own."""
+    state = unchanged_node_state(target)
+    if state is not None and state.covers(path):
+        return state.sha256(path)
+    return target.get_fact(Sha256File, path=path)

@@ -1,0 +1,186 @@
+"""The node's one state read (pvegpu/facts/node_state.py): a real captured lab sample, the command run here
+against each part's own fact, and the parser's refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pvegpu.facts.boot import BootLoader, KernelCmdline, parse_cmdline
+from pvegpu.facts.cpu import CpuAndKernel
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.host_driver import HostDriverFiles
+from pvegpu.facts.node_state import (
+    NodeStateRequest,
+    files_sha256_command,
+    node_read_command,
+    parse_node_state,
+)
+from pvegpu.facts.pvegpu_boot import PvegpuBootFiles
+from pvegpu.hook.bundle import BUNDLE_PATH
+from pvegpu.models.boot import BootLoaderKind, CpuKernel
+from pvegpu.models.host_driver import UnitState
+from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
+from tests.unit.fuzz_targets import fixture
+
+SAMPLE = fixture("node_state_lab_node.txt")
+HOOK = "/var/lib/vz/snippets/pvegpu-hook"
+USER_DATA = "/var/lib/vz/snippets/pvegpu-100-user.yaml"
+HOOK_TEXT_SHA256 = hashlib.sha256(b"hook\n").hexdigest()
+
+
+def run(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False)
+
+
+def test_lab_sample_parts() -> None:
+    state = parse_node_state(SAMPLE)
+    assert len(SAMPLE[SAMPLE.index("#pvegpu-node:hardware") + 1]) == 9692  # the listing: one line of base64
+    nvidia = [function for function in state.hardware.functions if function.vendor == "10de"]
+    assert (len(state.hardware.functions), len(state.hardware.numa_nodes), len(nvidia)) == (69, 2, 16)
+    assert {function.driver for function in nvidia} == {"vfio-pci"}
+    assert [function.address for function in nvidia if function.class_code >> 8 == 0x0300] == [
+        "0000:41:00.0",
+        "0000:51:00.0",
+        "0000:61:00.0",
+        "0000:71:00.0",
+        "0000:c1:00.0",
+        "0000:d1:00.0",
+        "0000:e1:00.0",
+        "0000:f1:00.0",
+    ]
+    assert state.cpu_kernel == CpuKernel(vendor="amd", release=(6, 18))
+    assert state.boot.kind is BootLoaderKind.GRUB
+    assert state.boot_files.grub_tokens == ("amd_iommu=on", "iommu=pt")
+    assert state.driver.files == ()
+    assert state.driver.units == (
+        UnitState("sglang.service", enabled=False, active=False),
+        UnitState("pvegpu-nvidia-devices.service", enabled=False, active=False),
+        UnitState("nvidia-persistenced.service", enabled=False, active=False),
+    )
+    assert state.cmdline == (
+        "BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve",
+        "root=/dev/mapper/pve-root",
+        "ro",
+        "amd_iommu=on",
+        "iommu=pt",
+        "quiet",
+    )
+    assert state.fixed_paths == (BUNDLE_PATH,)
+    assert state.snippet_dirs == ("/var/lib/vz/snippets",)
+    assert state.sha256(BUNDLE_PATH) == "4f6ad6a75c453f6e205ded9a8d67ec9435a78569d5badfcb806b0dc00f1450cb"
+    assert state.sha256(USER_DATA) == "dc656fa7cc3a92e251cf3933281be7f9d166804bda6823d265968ecbd1d73bc9"
+    assert state.sha256(HOOK) == "7e18fd648cea454de4e9a3a336abd07d1f840a42fb4f17a338a987e4cb29c89b"
+
+
+def test_covered_paths_answer_absent_files_with_none_and_others_raise() -> None:
+    state = parse_node_state(SAMPLE)
+    assert state.sha256("/var/lib/vz/snippets/pvegpu-101-user.yaml") is None
+    assert not state.covers("/var/lib/vz/snippets/user.yaml")  # not pvegpu's: the read did not look
+    assert not state.covers("/mnt/pve/nfs1/snippets/pvegpu-hook")
+    with pytest.raises(KeyError) as error:
+        state.sha256("/mnt/pve/nfs1/snippets/pvegpu-hook")
+    assert error.value.args == (
+        "/mnt/pve/nfs1/snippets/pvegpu-hook is not in the node state read (pvegpu.node_state.node_request)",
+    )
+
+
+def test_one_command_here_gives_what_each_fact_gives(tmp_path: Path) -> None:
+    """Run on this machine (its /sys, /proc/cmdline, no Proxmox): every part equals its own fact's answer."""
+    present = tmp_path / "bundle.pyz"
+    present.write_bytes(b"zip")
+    request = NodeStateRequest(
+        sysfs_root="/sys",
+        cmdline_path="/proc/cmdline",
+        driver_files=DRIVER_FILES,
+        driver_units=DRIVER_UNITS,
+        sha256_paths=(str(present), str(tmp_path / "absent")),
+    )
+    done = run(node_read_command(request))
+    assert done.returncode == 0, done.stderr
+    state = parse_node_state(done.stdout.splitlines())
+
+    def fact(command: str) -> list[str]:
+        return run(command).stdout.splitlines()
+
+    assert state.hardware == PciHardware().process(fact(PciHardware().command("/sys")))
+    assert state.cpu_kernel == CpuAndKernel().process(fact(CpuAndKernel().command()))
+    assert state.boot == BootLoader().process(fact(BootLoader().command()))
+    assert state.boot_files == PvegpuBootFiles().process(fact(PvegpuBootFiles().command()))
+    assert state.driver == HostDriverFiles().process(
+        fact(HostDriverFiles().command(DRIVER_FILES, DRIVER_UNITS))
+    )
+    assert state.cmdline == parse_cmdline(fact(KernelCmdline().command("/proc/cmdline")))
+    assert state.sha256(str(present)) == hashlib.sha256(b"zip").hexdigest()
+    assert state.sha256(str(tmp_path / "absent")) is None
+    assert "/var/lib/vz/snippets" in state.snippet_dirs  # the `local` storage Proxmox assumes
+
+
+def test_storage_cfg_paths_are_scanned(tmp_path: Path) -> None:
+    """The sha256 part alone, with no fixed path and storage.cfg's `path` lines (a value with a space kept
+    whole)."""
+    store = tmp_path / "my store"
+    (store / "snippets").mkdir(parents=True)
+    (store / "snippets" / "pvegpu-hook").write_text("hook\n")
+    (store / "snippets" / "other").write_text("not pvegpu's\n")
+    cfg = tmp_path / "storage.cfg"
+    cfg.write_text(
+        f"dir: local\n\tpath /var/lib/vz\n\tcontent iso\n\nnfs: nfs1\n\tpath {store}\n\tserver x\n"
+    )
+    done = run(files_sha256_command((), storage_cfg=str(cfg)))
+    lines = done.stdout.splitlines()
+    assert f"dir {store}/snippets" in lines
+    assert "dir /var/lib/vz/snippets" in lines
+    assert [line for line in lines if line.endswith("/pvegpu-hook") and str(store) in line] == [
+        f"{HOOK_TEXT_SHA256}  {store}/snippets/pvegpu-hook"
+    ]
+    assert not [line for line in lines if line.endswith("/other")]
+
+
+def test_a_failing_part_fails_the_read_with_its_message(tmp_path: Path) -> None:
+    done = run(node_read_command(NodeStateRequest(sysfs_root=str(tmp_path / "nowhere"))))
+    assert done.returncode == 1
+    assert done.stderr == f"pvegpu: sysfs root {tmp_path}/nowhere is not a readable directory\n"
+    done = run(node_read_command(NodeStateRequest(cmdline_path=str(tmp_path / "cmdline"))))
+    assert done.returncode == 1
+    assert f"{tmp_path}/cmdline: No such file or directory" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (SAMPLE[:-1], "node state: truncated output, the #pvegpu-node:end marker is missing"),
+        (SAMPLE[:2], "node state: truncated output, the #pvegpu-node:cpu marker is missing"),
+        (
+            (SAMPLE[0], "not base64!", *SAMPLE[2:]),
+            "node state hardware: not one line of gzip in base64 (Only base64 data is allowed)",
+        ),
+        (
+            (SAMPLE[0], SAMPLE[1][:400], *SAMPLE[2:]),
+            "node state hardware: not one line of gzip in base64 "
+            "(Compressed file ended before the end-of-stream marker was reached)",
+        ),
+        (
+            (SAMPLE[0], "aGVsbG8=", *SAMPLE[2:]),
+            "node state hardware: not one line of gzip in base64 (Not a gzipped file (b'he'))",
+        ),
+        (("junk", *SAMPLE), "node state line 1: 'junk' outside the read's parts"),
+        ((*SAMPLE, "junk"), f"node state line {len(SAMPLE) + 1}: 'junk' outside the read's parts"),
+        (
+            ("#pvegpu-node:cpu", *SAMPLE),
+            "node state line 1: '#pvegpu-node:cpu' where #pvegpu-node:hardware belongs",
+        ),
+        (
+            (*SAMPLE[:-1], "deadbeef  /x", "#pvegpu-node:end"),
+            "node state sha256: unexpected line 'deadbeef  /x'",
+        ),
+    ],
+)
+def test_refused_output(lines: tuple[str, ...], message: str) -> None:
+    with pytest.raises(FactParseError) as error:
+        parse_node_state(lines)
+    assert str(error.value) == message

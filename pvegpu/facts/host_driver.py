@@ -15,7 +15,8 @@ from pvegpu.models.host_driver import HostDriverState, UnitState
 
 class HostDriverFiles(FactBase[HostDriverState]):
     """Which of `files` exist and the state of each of `units` (pvegpu/plan/host_driver.py names them):
-    `file <path>` for each file that exists; `unit <name> <enabled> <active>` for each unit."""
+    `file <path>` for each file that exists; `unit <name> <UnitFileState> <ActiveState>` for each unit systemd
+    reports (none without systemd)."""
 
     @override
     def command(self, files: Sequence[str], units: Sequence[str]) -> str:

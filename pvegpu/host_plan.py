@@ -13,7 +13,8 @@ from weakref import WeakKeyDictionary
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
-from pvegpu.facts.hardware import hardware_of
+from pvegpu.facts.hardware import PciHardware
+from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.specs import host_specs
 from pvegpu.node_state import node_state_of
@@ -33,6 +34,14 @@ def plan_of(target: Host) -> NodePlan:
             node = node_state_of(target)
             observed = NodeObserved(hardware=node.hardware, cpu_kernel=node.cpu_kernel)
         else:
-            observed = NodeObserved(hardware=hardware_of(target, specs.node.sysfs_root))
+            hardware = target.get_fact(PciHardware, sysfs_root=specs.node.sysfs_root)
+            observed = NodeObserved(hardware=hardware)
         plan = plans[target.name] = plan_node(target.name, specs, groups, observed)
     return plan
+
+
+def node_host_of(guest: Host) -> Host | None:
+    """The Proxmox node of VM guest `guest` in this run's inventory (its `guest_of`); None for a host that is
+    no guest, or whose node is not in the inventory (a guest listed by hand, an inventory of guests only)."""
+    name = guest.data.get(GUEST_OF_KEY)
+    return guest.state.inventory.get_host(str(name), None) if name else None

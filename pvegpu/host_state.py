@@ -18,8 +18,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from pvegpu.facts.guest_state import GuestState, HostState, StateRequest
-from pvegpu.guest_inventory import GUEST_OF_KEY
-from pvegpu.host_plan import plan_of
+from pvegpu.host_plan import node_host_of, plan_of
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
 from pvegpu.models.specs import HostSpecs
 from pvegpu.plan.driver import (
@@ -53,8 +52,7 @@ def sglang_home(user: str) -> str:
 def node_p2p(target: Host) -> P2pMode | None:
     """The `vm.p2p` of the node whose VM guest `target` is; None when `target` is no guest, or its node is not
     in this run's inventory or has no `vm`."""
-    name = target.data.get(GUEST_OF_KEY)
-    node_host = target.state.inventory.get_host(str(name), None) if name else None
+    node_host = node_host_of(target)
     vm = None if node_host is None else plan_of(node_host).specs.vm
     return None if vm is None else vm.p2p
 

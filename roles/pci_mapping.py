@@ -32,11 +32,16 @@ def cluster_hosts(target: Host) -> list[Host]:
     return sorted(peers, key=lambda other: other.name)
 
 
+def syncs_mappings(target: Host) -> bool:
+    """Whether `target` is the node that syncs its cluster's mappings: the first by inventory name."""
+    return cluster_hosts(target)[0] is target
+
+
 @deploy("Sync the PCI mappings")
 def pci_mapping() -> None:
     """One mapping per GPU with one map line per cluster node, synced through the API (see the module)."""
     peers = cluster_hosts(host)
-    if peers[0] is not host:
+    if not syncs_mappings(host):
         logger.info(f"{host.print_prefix}PCI mappings of this cluster are synced by {peers[0].name}")
         return
     plan = plan_of(host)

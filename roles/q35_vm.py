@@ -19,7 +19,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
 from pvegpu.create_records import ledger_beside
-from pvegpu.facts.hardware import hardware_of
+from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
 from pvegpu.models.inventory import KNOWN_HOSTS_KEY
@@ -98,7 +98,9 @@ def q35_vm_role() -> None:
         unbound=unbound_functions(hardware, topology),
         timeout_s=pve.task_timeout_s,
         # deploy/site.py may reboot the host into vfio binding earlier in the same run: read it again then.
-        recheck=lambda target: unbound_functions(hardware_of(target, node.sysfs_root), topology),
+        recheck=lambda target: unbound_functions(
+            target.get_fact(PciHardware, sysfs_root=node.sysfs_root), topology
+        ),
         after_start=_answering(identity, pve.task_timeout_s),
     )
     if identity is not None:

@@ -21,7 +21,7 @@ from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
 from pvegpu.guest_inventory import GUEST_OF_KEY
-from pvegpu.host_plan import plan_of
+from pvegpu.host_plan import node_host_of, plan_of
 from pvegpu.host_state import PVEGPU_ETC, PVEGPU_LIB, node_p2p, sglang_home, state_of
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.nccl_topo import nccl_topo_file
@@ -187,15 +187,14 @@ def _guest_nccl_topo() -> NcclTopo | None:
     info line, for a guest whose node is not in this run's inventory (`guest_of` unset: a guest listed by
     hand; or an inventory of guests only). PlanError when its GPUs do not map to the node's cards.
 
-    The node is read through pyinfra's inventory (its plan and CPU vendor: facts pyinfra caches, read over
-    the node's own connection): one plan per host, and the file an ordinary compared write in the guest.
+    The node is read through pyinfra's inventory (its plan, from the node's one state read over its own
+    connection, pvegpu/node_state.py): one plan per host, and the file a compared write in the guest.
     """
-    name = host.data.get(GUEST_OF_KEY)
-    node_host = host.state.inventory.get_host(str(name), None) if name else None
+    node_host = node_host_of(host)
     if node_host is None:
         logger.info(
             f"{host.print_prefix}no NCCL topology file: its node is not in this run's inventory "
-            f"({GUEST_OF_KEY}: {name}); NCCL sees the VM's flat PCI tree"
+            f"({GUEST_OF_KEY}: {host.data.get(GUEST_OF_KEY)}); NCCL sees the VM's flat PCI tree"
         )
         return None
     node_plan = plan_of(node_host)

@@ -12,7 +12,7 @@ from pyinfra.context import host
 from pvegpu.facts.pve import pve_client, read_ahead
 from pvegpu.host_plan import plan_of
 from pvegpu.pve import PveClient
-from roles.pci_mapping import cluster_hosts
+from roles.pci_mapping import syncs_mappings
 from roles.snippets import storages_used
 
 
@@ -28,7 +28,7 @@ def read_vm_resources_ahead() -> None:
         lambda api: api.vm_status(node, vmid),
         *(_storage(name) for name in storages_used(spec)),
     ]
-    if cluster_hosts(host)[0] is host:
+    if syncs_mappings(host):
         reads.append(lambda api: api.mappings(check_node=node))
     read_ahead(pve_client(host), reads)
 

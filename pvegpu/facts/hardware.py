@@ -6,11 +6,7 @@ Here the parsers raise `FactParseError`, the form pyinfra reports as a per-host 
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
-
 from pyinfra.api.facts import FactBase
-from pyinfra.api.host import Host
-from pyinfra.api.state import State, StateStage
 from typing_extensions import override
 
 from pvegpu.facts import hardware_parse
@@ -29,7 +25,6 @@ from pvegpu.models.hardware import HostHardware
 __all__ = [
     "PciHardware",
     "hardware_command",
-    "hardware_of",
     "parse_class",
     "parse_hardware",
     "parse_id",
@@ -65,20 +60,3 @@ class PciHardware(FactBase[HostHardware]):
     @override
     def process(self, output: list[str]) -> HostHardware:
         return parse_hardware(output)
-
-
-# pyinfra 3 does not cache facts, and several roles of one run need the same hardware. It cannot change before
-# the first operation executes, so it is read once per host and sysfs root while pyinfra prepares the run;
-# during execution (after a reboot, say) every read goes to the host again.
-_PREPARED: WeakKeyDictionary[State, dict[tuple[str, str], HostHardware]] = WeakKeyDictionary()
-
-
-def hardware_of(target: Host, sysfs_root: str = "/sys") -> HostHardware:
-    """`target.get_fact(PciHardware, sysfs_root=...)`, remembered for the rest of the prepare stage."""
-    if target.state.current_stage != StateStage.Prepare:
-        return target.get_fact(PciHardware, sysfs_root=sysfs_root)
-    prepared = _PREPARED.setdefault(target.state, {})
-    key = (target.name, sysfs_root)
-    if key not in prepared:
-        prepared[key] = target.get_fact(PciHardware, sysfs_root=sysfs_root)
-    return prepared[key]

@@ -24,12 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, replace
 from pathlib import Path
-from typing import cast
 
 import pytest
 from pyinfra.api.facts import get_fact
-from pyinfra.api.host import Host
-from pyinfra.api.state import State, StateStage
 
 from lab import fakesys
 from lab.topologies import TOPOLOGIES
@@ -38,7 +35,6 @@ from pvegpu.facts.errors import FactCommandError, FactParseError
 from pvegpu.facts.hardware import (
     PciHardware,
     hardware_command,
-    hardware_of,
     parse_class,
     parse_hardware,
     parse_id,
@@ -846,30 +842,3 @@ def test_pyinfra_fact_on_a_good_tree(tmp_path: Path) -> None:
     write_tree(tmp_path, TREE, slots={"7": "0000:41:00"}, iommus=("ivhd0",))
     state, local = local_state()
     assert get_fact(state, local, PciHardware, kwargs={"sysfs_root": str(tmp_path)}) == EXPECTED_TREE
-
-
-class _CountingHost:
-    """Just what `hardware_of` uses of a pyinfra Host: its state's stage, its name, get_fact."""
-
-    def __init__(self, stage: StateStage) -> None:
-        self.state = State()
-        self.state.current_stage = stage
-        self.name = "pve1"
-        self.reads: list[dict[str, str]] = []
-
-    def get_fact(self, fact: type[PciHardware], **kwargs: str) -> HostHardware:
-        assert fact is PciHardware
-        self.reads.append(kwargs)
-        return HostHardware(functions=(), iommu_present=len(self.reads) > 1)
-
-
-def test_hardware_of_reads_once_per_root_while_preparing_and_afresh_while_executing() -> None:
-    preparing = _CountingHost(StateStage.Prepare)
-    first = hardware_of(cast(Host, preparing), "/sys")
-    assert hardware_of(cast(Host, preparing), "/sys") is first
-    hardware_of(cast(Host, preparing), "/opt/fakesys")
-    assert preparing.reads == [{"sysfs_root": "/sys"}, {"sysfs_root": "/opt/fakesys"}]
-
-    executing = _CountingHost(StateStage.Execute)
-    assert [hardware_of(cast(Host, executing)).iommu_present for _ in range(2)] == [False, True]
-    assert executing.reads == [{"sysfs_root": "/sys"}] * 2

@@ -2,8 +2,9 @@
 
 The plan's inputs are read here, once: the validated specs (`host.data`), the host's inventory groups and the
 PCI hardware; on a Proxmox node the hardware, CPU vendor and kernel release come from the node's one state
-read (pvegpu/node_state.py), which its operations then share. pyinfra calls the
-roles while it prepares a run; every role of the run then reads the same plan.
+read (pvegpu/node_state.py), which its operations then share; on a serving host, from the read of its hardware
+and state together when its roles asked for that first (`provide_hardware`). pyinfra calls the roles while it
+prepares a run; every role of the run then reads the same plan.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from pyinfra.api.state import State
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.models.groups import PVE_NODES
+from pvegpu.models.hardware import HostHardware
 from pvegpu.models.specs import host_specs
 from pvegpu.node_state import node_state_of
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
 
 _PLANS: WeakKeyDictionary[State, dict[str, NodePlan]] = WeakKeyDictionary()
+# Per run: the PCI hardware of hosts outside pve_nodes read along with their state (`provide_hardware`).
+_HARDWARE: WeakKeyDictionary[State, dict[str, HostHardware]] = WeakKeyDictionary()
 
 
 def plan_of(target: Host) -> NodePlan:
@@ -34,10 +38,23 @@ def plan_of(target: Host) -> NodePlan:
             node = node_state_of(target)
             observed = NodeObserved(hardware=node.hardware, cpu_kernel=node.cpu_kernel)
         else:
-            hardware = target.get_fact(PciHardware, sysfs_root=specs.node.sysfs_root)
+            hardware = _HARDWARE.get(target.state, {}).get(target.name)
+            if hardware is None:
+                hardware = target.get_fact(PciHardware, sysfs_root=specs.node.sysfs_root)
             observed = NodeObserved(hardware=hardware)
         plan = plans[target.name] = plan_node(target.name, specs, groups, observed)
     return plan
+
+
+def planned(target: Host) -> bool:
+    """Whether `target`'s plan was computed in this run (its hardware read)."""
+    return target.name in _PLANS.get(target.state, {})
+
+
+def provide_hardware(target: Host, hardware: HostHardware) -> None:
+    """The PCI hardware of `target` (outside pve_nodes, not planned yet), read in one command with its state
+    (pvegpu.host_state.read_serving_host): its plan is computed from it instead of reading it again."""
+    _HARDWARE.setdefault(target.state, {})[target.name] = hardware
 
 
 def node_host_of(guest: Host) -> Host | None:

@@ -6,7 +6,8 @@ blacklist, and on a VM guest whose node's `vm.p2p` is not `off` the P2P probe's 
 is shared by preparing and running: the state is read again only after an operation on this host changed
 something (ran a command), so a no-op run reads it once, and an operation after a change decides from what
 that change left, as pyinfra's own facts did. What another host's operation does to this one (the node
-restarting this VM) is not seen until this host changes something itself.
+restarting this VM) is not seen until this host changes something itself. A serving host outside pve_nodes
+that `read_serving_host` before its plan gets its PCI hardware in the same command as its state.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from pvegpu.facts.guest_state import GuestState, HostState, StateRequest
-from pvegpu.host_plan import node_host_of, plan_of
+from pvegpu.facts.serving_read import ServingRead
+from pvegpu.host_plan import node_host_of, plan_of, planned, provide_hardware
+from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
-from pvegpu.models.specs import HostSpecs
+from pvegpu.models.specs import HostSpecs, host_specs
 from pvegpu.plan.driver import (
     CUDA_DISTROS,
     DEVICES_SERVICE,
@@ -35,7 +38,8 @@ from pvegpu.plan.driver import (
 )
 from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
-from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, key_files
+from pvegpu.plan.profile import NodeSteps, ServingSteps, serving_steps
+from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, key_files, probe_target
 from pvegpu.run_progress import commands_run
 
 PVEGPU_ETC = "/etc/pvegpu"
@@ -53,20 +57,27 @@ def node_p2p(target: Host) -> P2pMode | None:
     """The `vm.p2p` of the node whose VM guest `target` is; None when `target` is no guest, or its node is not
     in this run's inventory or has no `vm`."""
     node_host = node_host_of(target)
-    vm = None if node_host is None else plan_of(node_host).specs.vm
+    # From the node's specs, not its plan: a guest's read need not wait for its node's.
+    vm = None if node_host is None else host_specs(node_host.data).vm
     return None if vm is None else vm.p2p
 
 
 def state_request(plan: NodePlan, p2p: P2pMode | None = None) -> StateRequest:
     """Everything the driver (at each placement the plan gives) and SGLang roles decide from: where the driver
     blacklists nouveau, the initramfs images older than that blacklist; the P2P probe's record when `p2p`
-    (the guest's node's `vm.p2p`, `node_p2p`) is `probe` or `on`."""
+    (the guest's node's `vm.p2p`, `node_p2p`) is `probe` or `on`; SGLang's readiness probe."""
+    return _request(plan.specs, plan.steps, plan.serving, p2p)
+
+
+def _request(
+    specs: HostSpecs, steps: NodeSteps | None, serving: ServingSteps | None, p2p: P2pMode | None
+) -> StateRequest:
     records = (RECORD_PATH,) if p2p in ("probe", "on") else ()
     placements: list[Placement] = []
-    if plan.steps is not None and plan.steps.host_driver:
+    if steps is not None and steps.host_driver:
         placements.append("pve-host")
-    if plan.serving is not None and plan.serving.driver is not None:
-        placements.append(plan.serving.driver)
+    if serving is not None and serving.driver is not None:
+        placements.append(serving.driver)
     paths: list[str] = []
     units: list[str] = []
     initramfs_after = None
@@ -84,10 +95,10 @@ def state_request(plan: NodePlan, p2p: P2pMode | None = None) -> StateRequest:
         units=tuple(units),
         records=records,
         initramfs_after=initramfs_after,
-        version_file=plan.specs.driver.version_file,
+        version_file=specs.driver.version_file,
     )
-    serving_sglang = plan.serving is not None and plan.serving.sglang
-    return _with_sglang(plan.specs, request) if serving_sglang else request
+    serving_sglang = serving is not None and serving.sglang
+    return _with_sglang(specs, request) if serving_sglang else request
 
 
 def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
@@ -112,7 +123,25 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         groups=(spec.user,),
         venvs=(spec.venv,),
         secrets=tuple(path for _, path, _ in key_files(spec)),
+        probe=probe_target(spec),
     )
+
+
+def read_serving_host(target: Host) -> None:
+    """Before a serving host's plan: its PCI hardware and its state in ONE command (`ServingRead`), shared by
+    its plan (`provide_hardware`) and its operations (`state_of`), as `plan_of` and `state_of` would read
+    them one after the other. Nothing for a Proxmox node (it has its own read, pvegpu/node_state.py) or a
+    host already planned or read in this run."""
+    states = _STATES.setdefault(target.state, {})
+    groups = frozenset(target.groups)
+    if PVE_NODES in groups or planned(target) or target.name in states:
+        return
+    specs = host_specs(target.data)
+    # What plan_node gives a host outside pve_nodes: no node steps, nothing held by vfio-pci.
+    request = _request(specs, None, serving_steps(groups, waiting=None), node_p2p(target))
+    read = target.get_fact(ServingRead, sysfs_root=specs.node.sysfs_root, request=request)
+    provide_hardware(target, read.hardware)
+    states[target.name] = (commands_run(target), read.state)
 
 
 def state_of(target: Host) -> HostState:

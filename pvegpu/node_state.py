@@ -26,10 +26,11 @@ from pyinfra.facts.files import Sha256File
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
-from pvegpu.facts.node_state import NodeRead, NodeState, NodeStateRequest
+from pvegpu.facts.node_state import STORAGE_CFG, NodeRead, NodeState, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
 from pvegpu.models.host_driver import HostDriverState
 from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.models.vm import VM_KEY, VmSpec
 from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
 from pvegpu.run_progress import commands_run
 
@@ -43,15 +44,27 @@ def _greenlet_lock() -> AbstractContextManager[object]:
     return cast(AbstractContextManager[object], Semaphore())
 
 
-def node_request(node: NodeSpec) -> NodeStateRequest:
-    """The read of a node with the `node` settings: every file the node's operations decide from."""
+def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
+    """The read of a node with the `node` settings: every file the node's operations decide from; with `vm`,
+    also its config, storage.cfg and the PCI mappings, the API's answers for which pvegpu/facts/pve_files.py
+    computes."""
     return NodeStateRequest(
         sysfs_root=str(node.sysfs_root),
         cmdline_path=str(node.cmdline_path),
         driver_files=DRIVER_FILES,
         driver_units=DRIVER_UNITS,
         sha256_paths=(BUNDLE_PATH,),
+        pve_files=() if vm is None else (vm_config_path(node.name, vm.vmid), STORAGE_CFG, MAPPING_CFG),
     )
+
+
+MAPPING_CFG = "/etc/pve/mapping/pci.cfg"
+
+
+def vm_config_path(node: str, vmid: int) -> str:
+    """The file `GET /nodes/{node}/qemu/{vmid}/config` reads (pmxcfs; `/etc/pve/qemu-server` links there on
+    the node itself)."""
+    return f"/etc/pve/nodes/{node}/qemu-server/{vmid}.conf"
 
 
 def node_state_of(target: Host) -> NodeState:
@@ -59,7 +72,8 @@ def node_state_of(target: Host) -> NodeState:
     with _READING.setdefault(target.state, {}).setdefault(target.name, _greenlet_lock()):
         states = _STATES.setdefault(target.state, {})
         if target.name not in states:
-            request = node_request(spec_of(target.data, NODE_KEY, NodeSpec))
+            vm = spec_of(target.data, VM_KEY, VmSpec) if target.data.get(VM_KEY) is not None else None
+            request = node_request(spec_of(target.data, NODE_KEY, NodeSpec), vm)
             states[target.name] = (commands_run(target), target.get_fact(NodeRead, request=request))
         return states[target.name][1]
 

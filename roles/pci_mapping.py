@@ -22,10 +22,10 @@ from pvegpu.plan.mapping import MappingPlanError, plan_mappings
 
 def cluster_hosts(target: Host) -> list[Host]:
     """The inventory hosts in `target`'s cluster, sorted by name (`target` alone when it has none)."""
-    cluster = plan_of(target).specs.pve.cluster
+    # From the data alone: a plan reads its host's hardware, which this does not need.
+    cluster = api_spec(target.data).cluster
     if cluster is None:
         return [target]
-    # From the data alone: a plan reads its host's hardware, which is only needed of the cluster's nodes.
     peers = [
         other for other in inventory if PVE_NODES in other.groups and api_spec(other.data).cluster == cluster
     ]

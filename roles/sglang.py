@@ -42,7 +42,7 @@ from pvegpu.plan.sglang_service import (
     exec_start,
     exec_start_pre,
     key_file_problems,
-    probe_host,
+    probe_target,
 )
 
 _P2P_NOTE = (
@@ -174,9 +174,7 @@ def sglang() -> None:
     started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
     sglang_ready(
         name="Wait for /health and /v1/models",
-        python=f"{spec.venv}/bin/python",
-        base_url=f"http://{probe_host(spec.host)}:{spec.port}",
-        key_file=spec.api_key_file,
+        target=probe_target(spec),
         timeout_s=spec.start_timeout_s,
         starting=any(op.will_change for op in (started, *changes)),
     )

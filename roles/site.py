@@ -13,6 +13,7 @@ from pyinfra import logger
 from pyinfra.context import host
 
 from pvegpu.host_plan import plan_of
+from pvegpu.host_state import read_serving_host
 from pvegpu.operations.pve_guest import CT, VM
 from roles.guest_parked import guest_parked_role
 from roles.host_driver import host_driver_parked_role
@@ -51,6 +52,7 @@ def node_site() -> None:
 
 def serving() -> None:
     """The serving host's driver and SGLang (module docstring)."""
+    read_serving_host(host)  # its hardware and state in one command, before the plan would read the hardware
     steps = plan_of(host).serving
     assert steps is not None  # planned for every host in a serving group, the only groups this runs on
     if steps.driver is not None:

@@ -1,7 +1,10 @@
-"""The `vm` step's Proxmox API reads, sent at once while pyinfra prepares the node (pvegpu.facts.pve
-`read_ahead`): the PCI mappings with this node's checks (when this node syncs them), the VM's config and
-status, and the storages its files use. Each operation then takes its answer from its first read, so the
-reads cost one round trip together, not one each."""
+"""The `vm` step's Proxmox API reads, answered or sent at once while pyinfra prepares the node.
+
+The VM's config, the storages its files use and the PCI mappings with this node's checks (when this node
+syncs them) are answered from the files the node's one read brought (pvegpu/node_state.py,
+pvegpu/facts/pve_files.py; pvegpu.facts.pve `seed`), else sent, with the VM's status (`read_ahead`).
+Each operation then takes its answer from its first read, so the reads cost at most one round trip together,
+not one each."""
 
 from __future__ import annotations
 
@@ -9,29 +12,43 @@ from collections.abc import Callable
 
 from pyinfra.context import host
 
-from pvegpu.facts.pve import pve_client, read_ahead
-from pvegpu.host_plan import plan_of
+from pvegpu.facts.node_state import STORAGE_CFG
+from pvegpu.facts.pve import pve_client, read_ahead, seed
+from pvegpu.facts.pve_files import mappings_answer, qemu_config_answer, storage_answer
+from pvegpu.models.specs import host_specs
+from pvegpu.node_state import MAPPING_CFG, node_state_of, vm_config_path
 from pvegpu.pve import PveClient
 from roles.pci_mapping import syncs_mappings
 from roles.snippets import storages_used
 
+Read = Callable[[PveClient], object]
+
 
 def read_vm_resources_ahead() -> None:
-    """Send the reads above for this node's VM (nothing without `vm` data)."""
-    plan = plan_of(host)
-    spec = plan.specs.vm
+    """Answer or send the reads above for this node's VM (nothing without `vm` data)."""
+    specs = host_specs(host.data)
+    spec = specs.vm
     if spec is None:
         return
-    node, vmid = plan.specs.node.name, spec.vmid
-    reads: list[Callable[[PveClient], object]] = [
-        lambda api: api.vm_config(node, vmid),
-        lambda api: api.vm_status(node, vmid),
-        *(_storage(name) for name in storages_used(spec)),
+    node, vmid = specs.node.name, spec.vmid
+    api = pve_client(host)
+    state = node_state_of(host)
+    files = state.pve_files
+    config, storage_cfg = files.get(vm_config_path(node, vmid)), files.get(STORAGE_CFG)
+    mapping_cfg = files.get(MAPPING_CFG)
+    answered: list[tuple[Read, object | None]] = [
+        (lambda api: api.vm_config(node, vmid), None if config is None else qemu_config_answer(config)),
+        *(
+            (_storage(name), None if storage_cfg is None else storage_answer(storage_cfg, name))
+            for name in storages_used(spec)
+        ),
     ]
     if syncs_mappings(host):
-        reads.append(lambda api: api.mappings(check_node=node))
-    read_ahead(pve_client(host), reads)
+        mappings = None if mapping_cfg is None else mappings_answer(mapping_cfg, node, state.hardware)
+        answered.append((lambda api: api.mappings(check_node=node), mappings))
+    reads: list[Read] = [read for read, answer in answered if answer is None or not seed(api, read, answer)]
+    read_ahead(api, [*reads, lambda api: api.vm_status(node, vmid)])
 
 
-def _storage(name: str) -> Callable[[PveClient], object]:
+def _storage(name: str) -> Read:
     return lambda api: api.storage(name)

@@ -80,22 +80,17 @@ meta-data, `cipassword` hashing; agent commands other than those above.
 from __future__ import annotations
 
 import base64
-import bz2
 import fcntl
-import gzip
 import hashlib
 import ipaddress
 import json
 import os
 import re
-import ssl
 import stat
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -1535,6 +1530,11 @@ def _download(params: dict[str, Any], target: Path, dest: str, emit: Callable[[s
             return
         emit("calculating checksum of existing file...")
         raise DieError(f"checksum mismatch: got '{got}' != expect '{expected}', aborting\n")
+    # Imported here: only a download needs them, and every other call would pay their import (~25 ms).
+    import ssl  # noqa: PLC0415
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
     partial = target.with_name(f"{target.name}.tmp_dwnl.{os.getpid()}")
     context = ssl.create_default_context()
     if not params.get("verify-certificates", 1):
@@ -1567,6 +1567,9 @@ def _file_hash(algorithm: str, path: Path) -> str:
 
 
 def _decompressed(compression: str, data: bytes) -> bytes:
+    import bz2  # noqa: PLC0415  (only a download needs them, as above)
+    import gzip  # noqa: PLC0415
+
     if compression == "gz":
         return gzip.decompress(data)
     if compression == "bz2":

@@ -19,6 +19,9 @@
               new image into place, so an older image lacks it)
     records   only when some are requested: per small file pvegpu writes (the P2P probe's record),
               `<base64 of its content>\t<path>`, or `missing\t<path>` (not a regular file)
+    probe     only when requested: SGLang's readiness probe (`pvegpu.facts.sglang.probe_command`), run in
+              the background from the start of the command, so its HTTP calls overlap the other parts;
+              nothing when the shell could not make its temporary file (the probe is then not read)
     end
 
 `parse_state` is pure and strict: output of another shape raises FactParseError naming the line. A request
@@ -33,7 +36,7 @@ import re
 import shlex
 from base64 import b64decode
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
@@ -44,18 +47,19 @@ from pvegpu.facts.p2p_record import parse_record
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
 from pvegpu.facts.sections import marker, split_sections
-from pvegpu.facts.sglang import VERSION_SCRIPT, VenvState, parse_venv
+from pvegpu.facts.sglang import VERSION_SCRIPT, Probe, VenvState, parse_probe, parse_venv, probe_command
 from pvegpu.models.guest_state import MISSING, PathKind, PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.p2p import RECORD_PATH, Record
 from pvegpu.models.secret_file import SecretFile
+from pvegpu.models.sglang import ProbeTarget
 
 SECTIONS = (
     "os", "kernel", "packages", "paths", "units", "users", "groups", "venvs", "module", "smi", "secrets",
     "end",
 )  # fmt: skip
 # Printed only when requested (in this order, before `end`), so a read without them keeps its old shape.
-_OPTIONAL = ("initramfs", "records")
+_OPTIONAL = ("initramfs", "records", "probe")
 # pyinfra's readings of systemd's states (pyinfra.facts.systemd): these SubStates are "running", these
 # UnitFileStates "enabled"; the operations that replace pyinfra's decide exactly as it did.
 RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mounted"})
@@ -81,6 +85,7 @@ class StateRequest:
     records: tuple[str, ...] = ()
     initramfs_after: str | None = None
     version_file: str = "/proc/driver/nvidia/version"
+    probe: ProbeTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +94,8 @@ class HostState:
     operation deciding from a read that never looked would change the host on every run. `records` holds
     each requested record's text (None: missing); `p2p_record` is the P2P probe's record when it was
     requested and is one pvegpu wrote, else None; `stale_initramfs` the images older than the request's
-    `initramfs_after` (none when not requested)."""
+    `initramfs_after` (none when not requested); `probe` SGLang's readiness when it was requested and read,
+    else None, and `probe_target` what it probed (set from the request by `GuestState`)."""
 
     os_release: Mapping[str, str]
     kernel: str
@@ -105,6 +111,8 @@ class HostState:
     records: Mapping[str, str | None] = field(default_factory=dict)
     p2p_record: Record | None = None
     stale_initramfs: tuple[str, ...] = ()
+    probe: Probe | None = None
+    probe_target: ProbeTarget | None = None
 
     def path(self, path: str) -> PathState:
         if path not in self.paths:
@@ -178,9 +186,23 @@ def state_command(request: StateRequest) -> str:
             if request.records
             else []
         ),
+        *([_probe_part()] if request.probe is not None else []),
         f"{_open('end')}",
     ]
-    return "; ".join(f"{{ {part}; }}" for part in parts)
+    command = "; ".join(f"{{ {part}; }}" for part in parts)
+    if request.probe is None:
+        return command
+    probe = probe_command(request.probe).get_raw_value()
+    return (
+        "pvegpu_probe=$(mktemp 2>/dev/null) || pvegpu_probe=; "
+        f'if [ -n "$pvegpu_probe" ]; then {{ {probe} > "$pvegpu_probe" 2>&1 || true; }} & fi; {command}'
+    )
+
+
+def _probe_part() -> str:
+    # The background probe is the command's only job; without its temporary file nothing ran.
+    show = 'wait; cat "$pvegpu_probe"; rm -f "$pvegpu_probe"'
+    return f'{_open("probe")}; if [ -n "$pvegpu_probe" ]; then {show}; fi'
 
 
 def parse_state(lines: Sequence[str]) -> HostState:
@@ -208,6 +230,7 @@ def parse_state(lines: Sequence[str]) -> HostState:
             records=records,
             p2p_record=parse_record(records.get(RECORD_PATH)),
             stale_initramfs=_initramfs(sections.get("initramfs", [])),
+            probe=parse_probe(text("probe")) if sections.get("probe") else None,
         )
     except FactParseError:
         raise
@@ -352,10 +375,21 @@ class GuestState(FactBase[HostState]):
     """`host.get_fact(GuestState, request=StateRequest(...))` (module docstring). Read it through
     `pvegpu.host_state.state_of`, which reads it once per host and run."""
 
+    # The request, for `process`: pyinfra calls `command` and `process` on one instance.
+    request: StateRequest | None = None
+
     @override
     def command(self, request: StateRequest) -> str:
+        self.request = request
         return state_command(request)
 
     @override
     def process(self, output: list[str]) -> HostState:
-        return parse_state(output)
+        return targeted(parse_state(output), self.request)
+
+
+def targeted(state: HostState, request: StateRequest | None) -> HostState:
+    """`state` with `probe_target` set to what `request` probed, when the read holds the probe's verdict."""
+    if state.probe is None or request is None:
+        return state
+    return replace(state, probe_target=request.probe)

@@ -13,7 +13,10 @@ The parts, in order, each opened by a line `#pvegpu-node:<part>` and parsed by t
 - `sha256`: per fixed path of the request a line `path <path>` and its sha256 when it is a file; then, per
   storage directory in /etc/pve/storage.cfg (and /var/lib/vz, the `local` storage Proxmox assumes without
   that file), a line `dir <path>/snippets` and the sha256 of each `pvegpu-*` file in it: pvegpu's user-data
-  snippets and hookscript, wherever `vm.snippets_storage` points, without asking the API first.
+  snippets and hookscript, wherever `vm.snippets_storage` points, without asking the API first;
+- `pve`, only when the request names Proxmox config files (the VM's config, storage.cfg): per file a line
+  `<base64 of its content>\t<path>`, or `missing\t<path>` (not a readable regular file), from which
+  pvegpu/facts/pve_files.py computes the API's answers.
 
 A part whose command fails (a sysfs root that is not a directory, a missing command line file) fails the whole
 read with that command's message, as its own fact did.
@@ -27,7 +30,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
@@ -43,7 +46,8 @@ from pvegpu.models.boot import BootLoaderInfo, CpuKernel
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.host_driver import HostDriverState
 
-PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "end")
+PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "end")
+OPTIONAL_PARTS = ("pve",)  # printed only when requested
 PART_MARKER = "#pvegpu-node:"
 STORAGE_CFG = "/etc/pve/storage.cfg"
 DEFAULT_STORAGE_DIR = "/var/lib/vz"
@@ -62,6 +66,7 @@ class NodeStateRequest:
     driver_files: tuple[str, ...] = ()
     driver_units: tuple[str, ...] = ()
     sha256_paths: tuple[str, ...] = ()
+    pve_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class NodeState:
     files_sha256: Mapping[str, str]
     fixed_paths: tuple[str, ...]
     snippet_dirs: tuple[str, ...]
+    pve_files: Mapping[str, bytes | None] = field(default_factory=dict)
 
     def covers(self, path: str) -> bool:
         """Whether the read looked for `path`: a fixed path, or a `pvegpu-*` file in a snippets directory."""
@@ -104,6 +110,7 @@ def node_read_command(request: NodeStateRequest) -> str:
         "driver": HostDriverFiles().command(request.driver_files, request.driver_units),
         "cmdline": KernelCmdline().command(request.cmdline_path),
         "sha256": files_sha256_command(request.sha256_paths),
+        **({"pve": pve_files_command(request.pve_files)} if request.pve_files else {}),
     }
     lines = [
         f"echo {shlex.quote(PART_MARKER + name)}\n( {script}\n) || exit $?" for name, script in parts.items()
@@ -124,6 +131,15 @@ def files_sha256_command(paths: Sequence[str], storage_cfg: str = STORAGE_CFG) -
     )
 
 
+def pve_files_command(paths: Sequence[str]) -> str:
+    """The `pve` part (module docstring)."""
+    return (
+        f"for f in {' '.join(shlex.quote(path) for path in paths)}; do "
+        'if [ -f "$f" ] && c=$(base64 -w 0 < "$f"); then printf \'%s\\t%s\\n\' "$c" "$f"; '
+        "else printf 'missing\\t%s\\n' \"$f\"; fi; done"
+    )
+
+
 def parse_node_state(lines: Sequence[str]) -> NodeState:
     """The read's output -> NodeState. Pure; FactParseError naming the part that is missing or malformed."""
     parts = _split_parts(lines)
@@ -138,16 +154,18 @@ def parse_node_state(lines: Sequence[str]) -> NodeState:
         files_sha256=hashes,
         fixed_paths=fixed,
         snippet_dirs=dirs,
+        pve_files=_parse_pve_files(parts.get("pve", [])),
     )
 
 
 def _split_parts(lines: Sequence[str]) -> dict[str, list[str]]:
+    printed = [n for n in PARTS if n not in OPTIONAL_PARTS or PART_MARKER + n in lines]
     parts: dict[str, list[str]] = {}
     current: list[str] | None = None
     for number, line in enumerate(lines, start=1):
         if line.startswith(PART_MARKER):
             name = line[len(PART_MARKER) :]
-            expected = PARTS[len(parts)] if len(parts) < len(PARTS) else None
+            expected = printed[len(parts)] if len(parts) < len(printed) else None
             if name != expected:
                 raise FactParseError(
                     f"node state line {number}: {line!r} where {PART_MARKER}{expected} belongs"
@@ -158,7 +176,7 @@ def _split_parts(lines: Sequence[str]) -> dict[str, list[str]]:
         else:
             current.append(line)
     if "end" not in parts:
-        missing = PARTS[len(parts)]
+        missing = printed[len(parts)]
         raise FactParseError(f"node state: truncated output, the {PART_MARKER}{missing} marker is missing")
     return parts
 
@@ -188,6 +206,19 @@ def _parse_sha256(lines: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...]
         elif line.strip():
             raise FactParseError(f"node state sha256: unexpected line {line!r}")
     return hashes, tuple(fixed), tuple(dirs)
+
+
+def _parse_pve_files(lines: Sequence[str]) -> dict[str, bytes | None]:
+    files: dict[str, bytes | None] = {}
+    for line in lines:
+        head, tab, path = line.partition("\t")
+        if not tab or not path.startswith("/"):
+            raise FactParseError(f"node state pve: unexpected line {line!r}")
+        try:
+            files[path] = None if head == "missing" else base64.b64decode(head, validate=True)
+        except ValueError:
+            raise FactParseError(f"node state pve: {path} is not in base64") from None
+    return files
 
 
 class NodeRead(FactBase[NodeState]):

@@ -36,7 +36,6 @@ from pvegpu.pve import (
     PveClient,
     PveError,
     Transport,
-    connect_https,
     connect_local,
     connect_ssh,
 )
@@ -76,6 +75,8 @@ def connect(spec: PveApiSpec, data: Any) -> PveClient:
     if not hostname:
         raise PveSetupError("pve.hostname: not set, and the host has no ssh_hostname")
     if spec.backend == "https":
+        from pvegpu.pve_https import connect_https  # noqa: PLC0415  (requests: imported only for https)
+
         assert spec.token_id is not None  # the model requires both for https
         assert spec.token_file is not None
         return connect_https(
@@ -137,6 +138,31 @@ def read_ahead(client: PveClient, reads: Sequence[Callable[[PveClient], object]]
         gevent.spawn(_quietly, read, ahead)
     # Each read starts, and says what it reads, before this greenlet reads anything itself.
     gevent.sleep(0)
+
+
+def seed(client: PveClient, read: Callable[[PveClient], object], answer: object) -> bool:
+    """Keep `answer` (the API's JSON for the GET that `read` sends, e.g. `lambda api: api.vm_config(node,
+    vmid)`) as that read's answer on a client from `shared_reads`, as if it had been read: the run's reads
+    of it take it until the client writes. True when kept; False (nothing kept) for any other client, a
+    read already answered or on its way, a GET of a status or task (never shared), or an answer the read's
+    parser refuses."""
+    shared = client.call
+    if not isinstance(shared, _SharedReads):
+        return False
+    sent: list[str] = []
+
+    def capture(method: Method, path: str, params: Params) -> object:
+        sent.append(_key(path, params) if method == "GET" and _SHARED.fullmatch(path) else "")
+        return copy.deepcopy(answer)
+
+    try:
+        read(replace(client, call=capture))
+    except PveError:
+        return False
+    if len(sent) != 1 or not sent[0] or sent[0] in shared.answers or sent[0] in shared.early:
+        return False
+    shared.answers[sent[0]] = answer
+    return True
 
 
 def _quietly(read: Callable[[PveClient], object], client: PveClient) -> None:

@@ -22,6 +22,7 @@ from typing_extensions import override
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.nccl import ChannelTransport, parse_transports, topology_file_lines
 from pvegpu.facts.nccl_journal import NcclRuns, parse_nccl_runs
+from pvegpu.models.sglang import ProbeTarget
 
 PACKAGE = "sglang"
 VERSION_SCRIPT = (
@@ -86,14 +87,14 @@ def parse_probe(lines: Sequence[str]) -> Probe:
     return Probe(False, text or "the probe printed nothing (no Python in the venv?)")
 
 
-def probe_command(python: str, base_url: str, key_file: str | None) -> StringCommand:
-    """The probe as one command line (also run by the readiness wait)."""
+def probe_command(target: ProbeTarget) -> StringCommand:
+    """The probe as one command line (also run by the readiness wait and the host's state read)."""
     return StringCommand(
-        QuoteString(python),
+        QuoteString(target.python),
         "-c",
         QuoteString(PROBE_SCRIPT),
-        QuoteString(base_url),
-        QuoteString(key_file or ""),
+        QuoteString(target.base_url),
+        QuoteString(target.key_file or ""),
     )
 
 
@@ -106,7 +107,7 @@ class SglangProbe(FactBase[Probe]):
 
     @override
     def command(self, python: str, base_url: str, key_file: str | None = None) -> StringCommand:
-        return StringCommand(probe_command(python, base_url, key_file), "2>&1", "||", "true")
+        return StringCommand(probe_command(ProbeTarget(python, base_url, key_file)), "2>&1", "||", "true")
 
     @override
     def process(self, output: list[str]) -> Probe:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
@@ -338,3 +339,13 @@ class SglangSpec(BaseModel):
         if nnodes == 1:
             raise ValueError("is only used when nnodes is more than 1")
         return addr
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What SGLang's readiness probe runs with: the venv's `python`, the service's `base_url` and its API
+    `key_file` (`pvegpu.plan.sglang_service.probe_target`)."""
+
+    python: str
+    base_url: str
+    key_file: str | None

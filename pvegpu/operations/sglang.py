@@ -15,6 +15,7 @@ from pyinfra.context import host
 
 from pvegpu.facts.sglang import SglangProbe, VenvState, parse_probe, probe_command
 from pvegpu.host_state import state_of
+from pvegpu.models.sglang import ProbeTarget
 from pvegpu.operations.api_command import api_command
 from pvegpu.plan.sglang_service import SERVICE
 from pvegpu.wait import WaitTimeoutError, wait_until
@@ -67,13 +68,20 @@ def model_download(
 
 @operation()
 def sglang_ready(
-    *, python: str, base_url: str, key_file: str | None, timeout_s: float, starting: bool
+    *, target: ProbeTarget, timeout_s: float, starting: bool
 ) -> Generator[FunctionCommand, None, None]:
-    """`/health` and `/v1/models` answer at `base_url`. Not `starting` (nothing changed): checked once, noop
-    or fail. `starting`: polled after the (re)start for up to `timeout_s`; failing names the last error and
-    shows the service's last journal lines."""
+    """`/health` and `/v1/models` answer at `target.base_url`. Not `starting` (nothing changed): checked once,
+    noop or fail, from the host's state read when it holds the probe of `target` (else by the probe alone).
+    `starting`: polled after the (re)start for up to `timeout_s`; failing names the last error and shows the
+    service's last journal lines."""
+    base_url = target.base_url
     if not starting:
-        probe = host.get_fact(SglangProbe, python=python, base_url=base_url, key_file=key_file)
+        state = state_of(host)
+        probe = state.probe if state.probe_target == target else None
+        if probe is None:
+            probe = host.get_fact(
+                SglangProbe, python=target.python, base_url=base_url, key_file=target.key_file
+            )
         if not probe.ok:
             raise OperationError(f"{SERVICE} does not answer at {base_url}: {probe.detail}")
         host.noop(f"{SERVICE} answers {base_url}/health and /v1/models ({probe.detail})")
@@ -81,7 +89,7 @@ def sglang_ready(
 
     def wait() -> None:
         def not_ready() -> str | None:
-            _, output = host.run_shell_command(probe_command(python, base_url, key_file), print_output=False)
+            _, output = host.run_shell_command(probe_command(target), print_output=False)
             probe = parse_probe(output.stdout_lines)
             return None if probe.ok else probe.detail
 

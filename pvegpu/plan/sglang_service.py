@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 from pvegpu.models.secret_file import SecretFile, secret_file_problems
-from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.sglang import ProbeTarget, SglangSpec
 from pvegpu.plan.sglang import secret_options
 
 ENV_FILE = "/etc/pvegpu/sglang.env"
@@ -73,3 +73,10 @@ def probe_host(listen: str) -> str:
     """Where the readiness probe connects: loopback for a wildcard address, else the address itself."""
     wildcard = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
     return wildcard.get(listen, f"[{listen}]" if ":" in listen else listen)
+
+
+def probe_target(spec: SglangSpec) -> ProbeTarget:
+    """The readiness probe's target for `spec`: its venv's python, `probe_host` and port, its API key file."""
+    return ProbeTarget(
+        f"{spec.venv}/bin/python", f"http://{probe_host(spec.host)}:{spec.port}", spec.api_key_file
+    )

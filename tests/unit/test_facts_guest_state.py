@@ -1,22 +1,28 @@
 """The host state read (pvegpu/facts/guest_state.py): the parser on a real capture from a lab VM guest, the
-command run here with sh on real files, and the errors for output of another shape."""
+command run here with sh on real files (and the readiness probe against a real HTTP server), and the errors
+for output of another shape."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.guest_state import StateRequest, parse_state, state_command
-from pvegpu.facts.sglang import VenvState
+from pvegpu.facts.guest_state import GuestState, StateRequest, parse_state, state_command
+from pvegpu.facts.sglang import Probe, VenvState
 from pvegpu.models.guest_state import MISSING, PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule
 from pvegpu.models.p2p import RECORD_PATH, Identity, Record
+from pvegpu.models.sglang import ProbeTarget
 from tests.unit.fuzz_targets import GUEST_STATE_WITH_RECORD, P2P_RECORD, fixture
 
 SAMPLE = fixture("guest_state_lab_vm.txt")
@@ -167,3 +173,64 @@ def test_error_names_the_line(lines: tuple[str, ...], message: str) -> None:
     with pytest.raises(FactParseError) as error:
         parse_state(lines)
     assert str(error.value) == message
+
+
+class _Sglang(BaseHTTPRequestHandler):
+    """/health and /v1/models as SGLang answers them (the model list needs the key)."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            body = b""
+        elif self.path == "/v1/models" and self.headers.get("Authorization") == "Bearer sk-1":
+            body = json.dumps({"data": [{"id": "glm-5"}]}).encode()
+        else:
+            self.send_error(401)
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_the_probe_runs_beside_the_read(tmp_path: Path) -> None:
+    """The `probe` section, run here with sh against a real HTTP server: the probe's verdict, with the target
+    the request gave; a read without a probe request has no section (probe None)."""
+    (tmp_path / "key").write_text("sk-1\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sglang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        answered = ProbeTarget(sys.executable, url, str(tmp_path / "key"))
+        refused = ProbeTarget(sys.executable, url, None)
+        nothing = ProbeTarget(str(tmp_path / "no-venv/bin/python"), url, None)
+        states = {}
+        for target in (answered, refused, nothing):
+            fact = GuestState()
+            command = fact.command(StateRequest(probe=target))
+            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+            states[target] = fact.process(done.stdout.splitlines())
+    finally:
+        server.shutdown()
+    assert command.startswith(
+        'pvegpu_probe=$(mktemp 2>/dev/null) || pvegpu_probe=; if [ -n "$pvegpu_probe" ]'
+    )
+    assert (states[answered].probe, states[answered].probe_target) == (Probe(True, "glm-5"), answered)
+    assert states[refused].probe == Probe(False, "HTTP Error 401: Unauthorized")
+    missing = states[nothing].probe
+    assert missing is not None
+    assert not missing.ok
+    assert "no-venv/bin/python" in missing.detail  # the shell's "not found" line
+    assert (parse_state(SAMPLE).probe, parse_state(SAMPLE).probe_target) == (None, None)
+
+
+def test_no_temporary_file_no_probe(tmp_path: Path) -> None:
+    """Where mktemp fails the probe does not run and the read says so (probe None), not 'not ready'."""
+    (tmp_path / "mktemp").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "mktemp").chmod(0o755)
+    command = state_command(StateRequest(probe=ProbeTarget(sys.executable, "http://127.0.0.1:9", None)))
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True, env=env)
+    assert "#pvegpu:probe" in done.stdout
+    assert parse_state(done.stdout.splitlines()).probe is None

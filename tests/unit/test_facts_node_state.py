@@ -184,3 +184,38 @@ def test_refused_output(lines: tuple[str, ...], message: str) -> None:
     with pytest.raises(FactParseError) as error:
         parse_node_state(lines)
     assert str(error.value) == message
+
+
+def test_the_pve_part_brings_the_files(tmp_path: Path) -> None:
+    """Only when requested: each file's bytes (a name with a space, an empty file), None for what is not a
+    readable regular file; a read without the request has no `pve` part (the lab sample)."""
+    conf, empty, directory = tmp_path / "100 conf", tmp_path / "empty", tmp_path / "dir"
+    conf.write_bytes(b"cores: 2\n#\xc3\xa9\n")
+    empty.write_bytes(b"")
+    directory.mkdir()
+    paths = (str(conf), str(empty), str(directory), str(tmp_path / "absent"))
+    command = node_read_command(NodeStateRequest(sha256_paths=(), pve_files=paths))
+    done = run(command)
+    assert done.returncode == 0, done.stderr
+    assert parse_node_state(done.stdout.splitlines()).pve_files == {
+        str(conf): b"cores: 2\n#\xc3\xa9\n",
+        str(empty): b"",
+        str(directory): None,
+        str(tmp_path / "absent"): None,
+    }
+    assert "#pvegpu-node:pve" not in node_read_command(NodeStateRequest())
+    assert parse_node_state(SAMPLE).pve_files == {}
+
+
+@pytest.mark.parametrize(
+    ("tail", "message"),
+    [
+        (("#pvegpu-node:pve", "eA==\tetc/pve/x"), "node state pve: unexpected line 'eA==\\tetc/pve/x'"),
+        (("#pvegpu-node:pve", "eA=\t/etc/pve/x"), "node state pve: /etc/pve/x is not in base64"),
+        (("#pvegpu-node:pve", "missing /etc/pve/x"), "node state pve: unexpected line 'missing /etc/pve/x'"),
+    ],
+)
+def test_refused_pve_part(tail: tuple[str, ...], message: str) -> None:
+    with pytest.raises(FactParseError) as error:
+        parse_node_state((*SAMPLE[:-1], *tail, SAMPLE[-1]))
+    assert str(error.value) == message

@@ -4,11 +4,22 @@ P2P probe's record only where the guest's node has `vm.p2p` other than `off`."""
 
 from __future__ import annotations
 
-from pvegpu.host_state import state_request
+from types import SimpleNamespace
+from typing import Any, cast
+
+from pyinfra.api.host import Host
+
+from pvegpu.facts.guest_state import GuestState
+from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.serving_read import ServingRead, ServingState
+from pvegpu.host_plan import plan_of
+from pvegpu.host_state import read_serving_host, state_of, state_request
 from pvegpu.models.groups import LXC_GUESTS, VM_GUESTS
 from pvegpu.models.specs import host_specs
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
+from tests.unit.host_states import host_state
 from tests.unit.hostdata import RTX, two_cards
+from tests.unit.op_harness import FakeState
 
 
 def serving_plan(group: str, profile: str) -> NodePlan:
@@ -31,3 +42,59 @@ def test_initramfs_images_are_checked_where_the_driver_blacklists_nouveau() -> N
         state_request(serving_plan(VM_GUESTS, "vm")).initramfs_after == "/etc/modprobe.d/pvegpu-nouveau.conf"
     )
     assert state_request(serving_plan(LXC_GUESTS, "lxc")).initramfs_after is None  # the host's module
+
+
+class ServingHost:
+    """A VM guest of no node in this run: each fact it is asked for is recorded and answered."""
+
+    name = "llm"
+    groups = (VM_GUESTS,)
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {
+            "node": {
+                "name": "llm",
+                "profile": "vm",
+                "gpus": {"ids": [RTX], "count": 2},
+                "sysfs_root": "/opt/s",
+            }
+        }
+        self.state = FakeState(self, diff=False)
+        self.facts: list[tuple[type, dict[str, Any]]] = []
+        self.read = ServingState(two_cards(), host_state())
+
+    def get_fact(self, fact: type, **kwargs: Any) -> object:
+        self.facts.append((fact, kwargs))
+        answers: dict[type, object] = {
+            ServingRead: self.read,
+            GuestState: host_state(),
+            PciHardware: two_cards(),
+        }
+        return answers[fact]
+
+    def ran_an_operation(self) -> None:
+        meta = SimpleNamespace(is_complete=lambda: True, executed=True)
+        self.state.ops[self][f"op{len(self.state.ops[self])}"] = SimpleNamespace(operation_meta=meta)
+
+
+def test_a_serving_host_is_read_once_for_its_plan_and_its_operations() -> None:
+    guest = ServingHost()
+    target = cast(Host, guest)
+    read_serving_host(target)
+    read_serving_host(target)  # already read
+    plan = plan_of(target)
+    assert state_of(target) is guest.read.state
+    assert plan.hardware is guest.read.hardware
+    assert guest.facts == [(ServingRead, {"sysfs_root": "/opt/s", "request": state_request(plan)})]
+    guest.ran_an_operation()  # after a change the state is read on its own
+    assert state_of(target) == host_state()
+    assert [fact for fact, _ in guest.facts] == [ServingRead, GuestState]
+
+
+def test_a_planned_host_is_not_read_together() -> None:
+    guest = ServingHost()
+    target = cast(Host, guest)
+    plan_of(target)
+    read_serving_host(target)
+    state_of(target)
+    assert [fact for fact, _ in guest.facts] == [PciHardware, GuestState]

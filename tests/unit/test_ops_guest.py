@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 
+from pvegpu.facts.guest_state import HostState
 from pvegpu.facts.sglang import Probe, SglangProbe, VenvState
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.guest_state import MISSING, PathState
 from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
+from pvegpu.models.sglang import ProbeTarget
 from pvegpu.operations.files import write_file
 from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified
 from pvegpu.operations.reboot import REBOOT
@@ -265,15 +267,32 @@ def test_noop_model_present(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- sglang_ready -----------------------------------------------------------------------------
 
-READY = {"python": "/opt/sglang/venv/bin/python", "base_url": "http://127.0.0.1:30000", "key_file": None}
+TARGET = ProbeTarget("/opt/sglang/venv/bin/python", "http://127.0.0.1:30000", None)
+READY = {"target": TARGET}
 
 
-def test_noop_ready() -> None:
+def test_noop_ready_from_the_state_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = replace(host_state(), probe=Probe(True, "glm-5"), probe_target=TARGET)
+    decide_from(monkeypatch, state)
+    result = run_op(sglang_ready, {}, **READY, timeout_s=5, starting=False)  # no probe of its own
+    assert result == ([], ["sglang.service answers http://127.0.0.1:30000/health and /v1/models (glm-5)"])
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        host_state(),  # the read held no probe
+        replace(host_state(), probe=Probe(False, "old"), probe_target=replace(TARGET, base_url="http://h:1")),
+    ],
+)
+def test_noop_ready_probes_when_the_read_did_not(monkeypatch: pytest.MonkeyPatch, state: HostState) -> None:
+    decide_from(monkeypatch, state)
     result = run_op(sglang_ready, {SglangProbe: Probe(True, "glm-5")}, **READY, timeout_s=5, starting=False)
     assert result == ([], ["sglang.service answers http://127.0.0.1:30000/health and /v1/models (glm-5)"])
 
 
-def test_error_not_ready_without_change() -> None:
+def test_error_not_ready_without_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_from(monkeypatch, host_state())
     with pytest.raises(OperationError) as error:
         run_op(sglang_ready, {SglangProbe: Probe(False, "<urlopen error [Errno 111] Connection refused>")},
                **READY, timeout_s=5, starting=False)  # fmt: skip

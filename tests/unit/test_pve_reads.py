@@ -11,7 +11,7 @@ from typing import Any
 import gevent
 import pytest
 
-from pvegpu.facts.pve import read_ahead, shared_reads
+from pvegpu.facts.pve import read_ahead, seed, shared_reads
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import q35_vm
 from pvegpu.pve import Params, PveClient, PveConnectionLostError, PveError
@@ -222,3 +222,31 @@ def test_nothing_is_read_ahead_on_a_client_without_shared_reads() -> None:
     read_ahead(api.client, VM_READS)
     gevent.sleep(0.01)
     assert api.calls == []
+
+
+def test_a_seeded_answer_is_the_reads_until_a_write() -> None:
+    api = FakeApi({**vm_answers(), ("PUT", STORAGE): None})
+    client = shared_reads(api.client)
+    answer = {"storage": "local", "type": "dir", "content": "images", "path": "/var/lib/vz", "digest": "d0"}
+
+    assert seed(client, VM_READS[3], answer) is True
+    assert [client.storage("local").digest for _ in range(2)] == ["d0", "d0"]
+    assert api.calls == []  # never asked
+    client.update_storage_content("local", ["images", "snippets"], "d0")
+    assert client.storage("local").digest == "d1"  # a write: read from the API again
+    assert [(method, path) for method, path, _ in api.calls] == [("PUT", STORAGE), ("GET", STORAGE)]
+
+
+def test_what_is_not_seeded() -> None:
+    api = FakeApi(vm_answers())
+    client = shared_reads(api.client)
+    assert seed(api.client, VM_READS[3], {"content": "images", "digest": "d0"}) is False  # not shared_reads
+    assert seed(client, VM_READS[1], {"status": "running", "vmid": 100}) is False  # a status: always read
+    assert (
+        seed(client, VM_READS[3], {"content": "images"}) is False
+    )  # the read's parser refuses it: no digest
+    client.vm_config("pve1", 100)
+    assert seed(client, VM_READS[0], {"digest": "d9"}) is False  # already read: the API's answer stays
+    assert client.vm_config("pve1", 100).digest == created_config()["digest"]
+    assert client.storage("local").digest == "d1"
+    assert [path for _, path, _ in api.calls] == [CONFIG_PATH, STORAGE]

@@ -1,0 +1,70 @@
+"""Two of pyinfra's per-operation costs, removed with the same results: each stands in for an upstream fix
+(named below); drop it then. Measured on a no-op `deploy/site.py` on the lab's node + guest (36 operations),
+they were ~0.3 s of the run's CPU above pyinfra's floor.
+
+- The operation order. pyinfra orders a deploy's operations by the line numbers of the calls that added
+  them (`pyinfra.api.util.get_operation_order_from_stack`, for every operation on every host). It takes
+  them from `inspect.stack()` and then `inspect.getframeinfo(frame)` per frame, both with one line of
+  context: each frame's source file is searched (`findsource`, which walks `sys.modules`) for a line never
+  used. `inspect.stack(0)` gives the same file names and line numbers: `getframeinfo` computes both before
+  it reads any context. Upstream fix: both calls with `context=0`.
+- The global arguments. `pyinfra.api.arguments.all_global_arguments()` evaluates the type hints of
+  `AllArguments` (a TypedDict of ~40 keys, fixed at import) on every call, i.e. for every operation and
+  fact. `global_arguments` evaluates them once. Upstream fix: cache them in pyinfra.
+
+`install()` swaps both in where pyinfra looks them up.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any
+
+import pyinfra
+from pyinfra.api import arguments
+from pyinfra.api.util import PYINFRA_INSTALL_DIR
+
+# The modules, not the `operation` decorator and the `facts` names `pyinfra.api` exports.
+_OPERATION: Any = importlib.import_module("pyinfra.api.operation")
+_FACTS: Any = importlib.import_module("pyinfra.api.facts")
+
+
+def order_from_stack(state: Any) -> list[int]:
+    """pyinfra's `get_operation_order_from_stack(state)`, line for line, on `inspect.stack(0)`: the line
+    numbers of the calls from the first frame of the deploy file being run, pyinfra's own frames left out,
+    after the deploy file's index when running from the CLI."""
+    frames = list(reversed(inspect.stack(0)))  # the last one is this function's: left out, as pyinfra's is
+    first = 0
+    if state.current_deploy_filename:
+        for first, frame in enumerate(frames):  # noqa: B007  (the loop leaves `first` at the match, as pyinfra's)
+            if frame.filename == state.current_deploy_filename:
+                break
+    line_numbers = [state.current_op_file_number] if pyinfra.is_cli else []
+    line_numbers += [
+        frame.lineno for frame in frames[first:-1] if not frame.filename.startswith(PYINFRA_INSTALL_DIR)
+    ]
+    return line_numbers
+
+
+@functools.cache
+def _global_argument_types() -> tuple[tuple[str, type], ...]:
+    return tuple(_ORIGINAL_GLOBAL_ARGUMENTS())
+
+
+_ORIGINAL_GLOBAL_ARGUMENTS = arguments.all_global_arguments
+
+
+def global_arguments() -> list[tuple[str, type]]:
+    """pyinfra's `all_global_arguments()`: every global argument's name and type, evaluated once; a new list
+    each call, as pyinfra's."""
+    return list(_global_argument_types())
+
+
+def install() -> None:
+    """Make pyinfra take its operation order from `order_from_stack` and its global arguments from
+    `global_arguments` (idempotent)."""
+    _OPERATION.get_operation_order_from_stack = order_from_stack
+    arguments.all_global_arguments = global_arguments  # pop_global_arguments looks it up here
+    _FACTS.all_global_arguments = global_arguments

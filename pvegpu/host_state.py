@@ -154,3 +154,10 @@ def state_of(target: Host) -> HostState:
     state = target.get_fact(GuestState, request=state_request(plan_of(target), node_p2p(target)))
     states[target.name] = (changes, state)
     return state
+
+
+def unchanged_state(target: Host) -> HostState | None:
+    """The state read of `target` while no operation on it has run a command since it was taken; None when
+    something changed since, or it was not read in this run (nothing is read here)."""
+    cached = _STATES.get(target.state, {}).get(target.name)
+    return cached[1] if cached is not None and cached[0] == commands_run(target) else None

@@ -14,7 +14,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.facts.sglang import SglangProbe, VenvState, parse_probe, probe_command
-from pvegpu.host_state import state_of
+from pvegpu.host_state import state_of, unchanged_state
 from pvegpu.models.sglang import ProbeTarget
 from pvegpu.operations.api_command import api_command
 from pvegpu.plan.sglang_service import SERVICE
@@ -71,13 +71,14 @@ def sglang_ready(
     *, target: ProbeTarget, timeout_s: float, starting: bool
 ) -> Generator[FunctionCommand, None, None]:
     """`/health` and `/v1/models` answer at `target.base_url`. Not `starting` (nothing changed): checked once,
-    noop or fail, from the host's state read when it holds the probe of `target` (else by the probe alone).
+    noop or fail, from the host's state read when it holds the probe of `target` and nothing on the host
+    changed since (else by the probe alone).
     `starting`: polled after the (re)start for up to `timeout_s`; failing names the last error and shows the
     service's last journal lines."""
     base_url = target.base_url
     if not starting:
-        state = state_of(host)
-        probe = state.probe if state.probe_target == target else None
+        state = unchanged_state(host)
+        probe = state.probe if state is not None and state.probe_target == target else None
         if probe is None:
             probe = host.get_fact(
                 SglangProbe, python=target.python, base_url=base_url, key_file=target.key_file

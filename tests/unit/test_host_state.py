@@ -13,7 +13,7 @@ from pvegpu.facts.guest_state import GuestState
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.serving_read import ServingRead, ServingState
 from pvegpu.host_plan import plan_of
-from pvegpu.host_state import read_serving_host, state_of, state_request
+from pvegpu.host_state import read_serving_host, state_of, state_request, unchanged_state
 from pvegpu.models.groups import LXC_GUESTS, VM_GUESTS
 from pvegpu.models.specs import host_specs
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
@@ -98,3 +98,14 @@ def test_a_planned_host_is_not_read_together() -> None:
     read_serving_host(target)
     state_of(target)
     assert [fact for fact, _ in guest.facts] == [PciHardware, GuestState]
+
+
+def test_the_unchanged_state_is_the_read_until_a_change() -> None:
+    guest = ServingHost()
+    target = cast(Host, guest)
+    assert unchanged_state(target) is None  # not read yet: nothing is read here
+    read_serving_host(target)
+    assert unchanged_state(target) is guest.read.state
+    guest.ran_an_operation()
+    assert unchanged_state(target) is None
+    assert [fact for fact, _ in guest.facts] == [ServingRead]

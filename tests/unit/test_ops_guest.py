@@ -273,7 +273,7 @@ READY = {"target": TARGET}
 
 def test_noop_ready_from_the_state_read(monkeypatch: pytest.MonkeyPatch) -> None:
     state = replace(host_state(), probe=Probe(True, "glm-5"), probe_target=TARGET)
-    decide_from(monkeypatch, state)
+    monkeypatch.setattr("pvegpu.operations.sglang.unchanged_state", lambda _host: state)
     result = run_op(sglang_ready, {}, **READY, timeout_s=5, starting=False)  # no probe of its own
     assert result == ([], ["sglang.service answers http://127.0.0.1:30000/health and /v1/models (glm-5)"])
 
@@ -281,18 +281,21 @@ def test_noop_ready_from_the_state_read(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize(
     "state",
     [
+        None,  # something on the host changed since the read
         host_state(),  # the read held no probe
         replace(host_state(), probe=Probe(False, "old"), probe_target=replace(TARGET, base_url="http://h:1")),
     ],
 )
-def test_noop_ready_probes_when_the_read_did_not(monkeypatch: pytest.MonkeyPatch, state: HostState) -> None:
-    decide_from(monkeypatch, state)
+def test_noop_ready_probes_when_the_read_did_not(
+    monkeypatch: pytest.MonkeyPatch, state: HostState | None
+) -> None:
+    monkeypatch.setattr("pvegpu.operations.sglang.unchanged_state", lambda _host: state)
     result = run_op(sglang_ready, {SglangProbe: Probe(True, "glm-5")}, **READY, timeout_s=5, starting=False)
     assert result == ([], ["sglang.service answers http://127.0.0.1:30000/health and /v1/models (glm-5)"])
 
 
 def test_error_not_ready_without_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    decide_from(monkeypatch, host_state())
+    monkeypatch.setattr("pvegpu.operations.sglang.unchanged_state", lambda _host: host_state())
     with pytest.raises(OperationError) as error:
         run_op(sglang_ready, {SglangProbe: Probe(False, "<urlopen error [Errno 111] Connection refused>")},
                **READY, timeout_s=5, starting=False)  # fmt: skip

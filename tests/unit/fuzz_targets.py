@@ -37,6 +37,7 @@ from pvegpu.facts.node_state import parse_node_state
 from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
 from pvegpu.facts.p2p_record import parse_record
 from pvegpu.facts.pci_cfg import parse_pci_cfg
+from pvegpu.facts.pve_files import mappings_answer, qemu_config_answer, storage_answer
 from pvegpu.facts.pvegpu_boot import parse_boot_files
 from pvegpu.facts.secret_files import parse_secret_files
 from pvegpu.facts.sglang import parse_probe, parse_venv
@@ -111,6 +112,8 @@ PCI_CFG = (
     "\tmap id=10de:2bb1,iommugroup=31,node=pve1,path=0000:41:00.0;0000:41:00.1,subsystem-id=10de:204b",
     "\tlive-migration-capable 0",
 )
+# The lab node's hardware (its captured state read), for checking pci.cfg's map lines of node pve1 against.
+REFERENCE_HARDWARE = parse_node_state(fixture("node_state_lab_node.txt")).hardware
 BOOT_LOADER = (  # BootLoader's output on a systemd-boot host (tests/unit/test_facts_boot.py's real hp1)
     "#pvegpu:files", "/etc/kernel/proxmox-boot-uuids", "/etc/kernel/cmdline",
     "#pvegpu:commands", "proxmox-boot-tool", "update-grub",
@@ -450,6 +453,24 @@ TARGETS: tuple[Target, ...] = (
             ),
             *_real_vm_configs(),
         ),
+    ),
+    Target(
+        "VM config file (facts.pve_files.qemu_config_answer)",
+        lambda lines: qemu_config_answer("\n".join(lines).encode()),
+        (),
+        (("cores: 2", "onboot: 1", "#a %20description", "", "[PENDING]", "cores: 4"), *_real_vm_configs()),
+    ),
+    Target(
+        "storage.cfg (facts.pve_files.storage_answer)",
+        lambda lines: storage_answer("\n".join(lines).encode(), "local"),
+        (),
+        (("dir: local", "\tpath /var/lib/vz", "\tcontent iso,vztmpl,import,snippets", "", "lvmthin: data"),),
+    ),
+    Target(
+        "pci.cfg checked on a node (facts.pve_files.mappings_answer)",
+        lambda lines: mappings_answer("\n".join(lines).encode(), "pve1", REFERENCE_HARDWARE),
+        (),
+        (PCI_CFG,),
     ),
     Target("lxc config (plan.lxc.diff_container, raw_of)", _lxc_config, (), (LXC_CONFIG,)),
     Target("pvesh JSON readers (pve.PveClient)", _pvesh_readers, (), PVESH_JSON),

@@ -1,7 +1,8 @@
 """`node_state_of(host)`: a Proxmox node's `NodeState` (pvegpu/facts/node_state.py), read once per node and
 run in one command: the PCI hardware and CPU/kernel the node's plan is computed from, and everything its
 operations decide from (boot files, bootloader, running command line, the host-driver profiles' leftovers, the
-sha256 of pvegpu's hook and snippet files).
+sha256 of pvegpu's hook and snippet files; with `vm` data, the Proxmox files whose API answers
+pvegpu/facts/pve_files.py computes: roles/vm_reads.py).
 
 The plan and the roles read it while pyinfra prepares the run. An operation decides from it while no
 operation on the node has run a command since it was read (`unchanged_node_state`): so a no-op run reads the

@@ -114,12 +114,23 @@ def _typed(key: str, value: str) -> object | None:
     if key in BOOLEAN_KEYS:
         return 1 if _TRUE.fullmatch(value) else 0 if _FALSE.fullmatch(value) else None
     if key in INTEGER_KEYS:
-        return int(value) if _INTEGER.fullmatch(value) else None
+        return _integer(value)
     if key in STRING_KEYS or _INDEXED.fullmatch(key):
         return value
     if _DRIVE.fullmatch(key):
         return None if value.startswith("/") else value  # a path: Proxmox gives its volume id
     return None
+
+
+def _integer(value: str) -> int | None:
+    """An integer's value; None for what is no integer, or too long for Python to read (beyond any limit of
+    the schema's, where Proxmox refuses it)."""
+    if not _INTEGER.fullmatch(value):
+        return None
+    try:
+        return int(value)
+    except ValueError:  # more digits than int() reads (sys.get_int_max_str_digits)
+        return None
 
 
 def _decoded(text: str) -> str:

@@ -112,6 +112,13 @@ PCI_CFG = (
     "\tmap id=10de:2bb1,iommugroup=31,node=pve1,path=0000:41:00.0;0000:41:00.1,subsystem-id=10de:204b",
     "\tlive-migration-capable 0",
 )
+
+
+def _file(lines: Lines) -> bytes:
+    """A file's bytes from fuzzed lines (a lone surrogate gives bytes that are not UTF-8, as a file may)."""
+    return "\n".join(lines).encode(errors="surrogatepass")
+
+
 # The lab node's hardware (its captured state read), for checking pci.cfg's map lines of node pve1 against.
 REFERENCE_HARDWARE = parse_node_state(fixture("node_state_lab_node.txt")).hardware
 BOOT_LOADER = (  # BootLoader's output on a systemd-boot host (tests/unit/test_facts_boot.py's real hp1)
@@ -456,19 +463,19 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "VM config file (facts.pve_files.qemu_config_answer)",
-        lambda lines: qemu_config_answer("\n".join(lines).encode()),
+        lambda lines: qemu_config_answer(_file(lines)),
         (),
         (("cores: 2", "onboot: 1", "#a %20description", "", "[PENDING]", "cores: 4"), *_real_vm_configs()),
     ),
     Target(
         "storage.cfg (facts.pve_files.storage_answer)",
-        lambda lines: storage_answer("\n".join(lines).encode(), "local"),
+        lambda lines: storage_answer(_file(lines), "local"),
         (),
         (("dir: local", "\tpath /var/lib/vz", "\tcontent iso,vztmpl,import,snippets", "", "lvmthin: data"),),
     ),
     Target(
         "pci.cfg checked on a node (facts.pve_files.mappings_answer)",
-        lambda lines: mappings_answer("\n".join(lines).encode(), "pve1", REFERENCE_HARDWARE),
+        lambda lines: mappings_answer(_file(lines), "pve1", REFERENCE_HARDWARE),
         (),
         (PCI_CFG,),
     ),

@@ -4,6 +4,7 @@ digits `int()` refuses (`²`), and `int()` refuses a number of 4300+ digits (Pyt
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from pvegpu.facts.host_checks import parse_host_checks
 from pvegpu.facts.lxc_devices import parse_nvidia_nodes
 from pvegpu.facts.nccl import parse_transports
 from pvegpu.facts.nvidia import parse_nvidia_smi
+from pvegpu.facts.pve_files import qemu_config_answer
 from pvegpu.facts.secret_files import parse_secret_files
 from pvegpu.models.lxc import LxcSpec
 from pvegpu.models.pve import MapEntryError, parse_map_entry
@@ -130,3 +132,12 @@ def test_error_vm_slot_holding_a_mapping_number_pvegpu_never_writes() -> None:
     assert str(error.value) == (
         f"hostpci0 holds {current['hostpci0']!r}, which is not a gpu<N> mapping: free the slot first"
     )
+
+
+def test_vm_config_integer_too_long_is_not_modelled() -> None:
+    """`sockets: <5000 digits>` in a VM config file: no answer (the API is asked), not a ValueError."""
+    assert qemu_config_answer(f"cores: 1\nsockets: {LONG}\n".encode()) is None
+    assert qemu_config_answer(b"sockets: +0002\n") == {
+        "sockets": 2,
+        "digest": hashlib.sha1(b"sockets: +0002\n").hexdigest(),
+    }

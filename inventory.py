@@ -48,19 +48,21 @@ pve_nodes = exit_on_invalid(
                     "gpus": {"ids": ["10de:2bb1"], "count": 8},
                 },
                 "pve_host": {"allow_reboot": False},
-                # An API token, read from a 0600 file and never printed.
+                # An API token, read from a 0600 file and never printed (README, Security: the `pveum` recipe
+                # of its role). Keys only root@pam may set (the pre-start `hookscript`, `args`, `hugepages`,
+                # `affinity`) go through root's pvesh on the node over the SSH settings above
+                # (`pve.root_ssh`); with "root_ssh": False the features that need them are refused instead.
                 "pve": {
                     "backend": "https",
                     "token_id": "pvegpu@pve!deploy",
                     "token_file": "/etc/pvegpu/pve-token",
                 },
-                # `args` (the OVMF MMIO window) needs root@pam: with a token, use CPU phys-bits instead.
+                # `vm.mmio` is `args` by default: the OVMF MMIO window sized from the GPUs' BARs, set as root.
                 "vm": {
                     "vmid": 100,
                     "name": "llm",
                     "cores": 64,
                     "memory": 786432,
-                    "mmio": "phys-bits",
                     "disk": {"size_gib": 400},
                     # Downloaded by the node; a wrong checksum stops the run before the VM is made, naming
                     # both sums: replace the zeros with the image's SHA512.

@@ -17,7 +17,14 @@ deploy/site.py` switches the lab node to bare metal, `pyinfra -y inventory/lab.p
 Each host's `node` data declares what its topology was generated with (the GPU model ids and how many cards),
 and where its fake sysfs and kernel command line are (`/sys`, `/proc/cmdline`, or /opt/... on nspawn hosts).
 SSH: root, with the host's own key; host keys are checked strictly against the lab's known_hosts file, where
-the lab records each host's key when it starts it. Run pyinfra from the repository root (it imports `lab`).
+the lab records each host's key when it starts it.
+
+$PVEGPU_LAB_PVE_BACKEND picks how pvegpu reaches a node's Proxmox API (`pve.backend`): `https` (default, the
+shipped inventory's shape: the node's HTTPS API with the API token `pvegpu@pve!deploy`, its secret in the
+node's `pve-token` file in the lab's state directory, the node's certificate pinned by fingerprint;
+lab/pve/api_setup.py; keys only root@pam may set go through root's pvesh over the node's SSH), `ssh` (root's
+pvesh over SSH), or another `pve.backend` value as is.
+Run pyinfra from the repository root (it imports `lab`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from lab import guest_payload, images
 from lab.hosts import SYSFS_ROOT, LabHost, known_hosts_path, list_hosts
+from lab.pve import api_setup
 from lab.pve import node as pve_node
 from pvegpu.guest_inventory import exit_on_invalid_guests, guests_of
 from pvegpu.models.inventory import exit_on_invalid
@@ -88,15 +96,30 @@ GUEST_DATA: dict[str, Any] = {
     "sglang": {"pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR], "start_timeout_s": 60},
 }
 
-# Proxmox lab nodes (`python -m lab up NAME --pve`) get a VM and reach the pvesh stand-in over SSH with the
-# host's own SSH settings (deploy/vm.py, deploy/rebuild_vm.py).
+# Proxmox lab nodes (`python -m lab up NAME --pve`) get a VM and reach the Proxmox stand-in's API as
+# PVE_BACKEND says (_pve_api): by default its HTTPS API with the token, root-only keys through root's pvesh.
 # The lab's reboot is a stand-in (lab/boot.py) that applies the written boot configuration, so it is allowed.
 # A node's own driver (profiles `lxc`, `baremetal`) comes from the same stand-in repository, reboot allowed.
 PVE_DATA: dict[str, Any] = {
     "pve_host": {"allow_reboot": True},
-    "pve": {"backend": "ssh"},
     "driver": {**GUEST_DATA["driver"], "allow_reboot": True},
 }
+PVE_BACKEND = os.environ.get("PVEGPU_LAB_PVE_BACKEND", "https")
+
+
+def _pve_api(host: LabHost) -> dict[str, Any]:
+    """The node's `pve` data for PVE_BACKEND: https names the token, its file and the pinned certificate."""
+    api = api_setup.record(host) if PVE_BACKEND == "https" else None
+    if api is None:
+        return {"backend": PVE_BACKEND}
+    return {
+        "backend": "https",
+        "token_id": api["token_id"],
+        "token_file": api["token_file"],
+        "fingerprint": api["fingerprint"],
+    }
+
+
 IMAGE = "debian-12-genericcloud-amd64.qcow2"
 VMID = 100
 
@@ -128,7 +151,7 @@ def _pve(host: LabHost) -> dict[str, Any]:
         return {}
     serving = {"sglang": GUEST_DATA["sglang"]} if PROFILE == "baremetal" else {}
     container = {"lxc": CONTAINER} if PROFILE == "lxc" else {}
-    return {**PVE_DATA, "vm": _vm(host), **serving, **container}
+    return {**PVE_DATA, "pve": _pve_api(host), "vm": _vm(host), **serving, **container}
 
 
 pve_nodes = exit_on_invalid(

@@ -25,8 +25,9 @@ fi
 # 1. apt. The lab: debootstrap, iproute2 (netns, veth), util-linux (nsenter, unshare, mount), systemd-container
 # (nspawn), openssh-client (ssh, ssh-keygen), zstd (root tarball). The kernel tier: qemu, busybox, cpio.
 # The VM guests' stand-in apt repository (lab/guest_payload.py): dpkg-dev (dpkg-scanpackages), gnupg (signing).
-packages=(busybox-static ca-certificates cpio debootstrap dpkg-dev gnupg iproute2 openssh-client python3-venv
-          qemu-system-x86 systemd-container util-linux zstd)
+# A lab VM start's QEMU check (lab/pve/qemu_cmdline.py): qemu-system-x86, ovmf (the OVMF pflash images).
+packages=(busybox-static ca-certificates cpio debootstrap dpkg-dev gnupg iproute2 openssh-client ovmf
+          python3-venv qemu-system-x86 systemd-container util-linux zstd)
 installed=$(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | awk '$1 == "ii" { print $2 }')
 missing=()
 for package in "${packages[@]}"; do

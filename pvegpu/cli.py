@@ -132,17 +132,28 @@ def _prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     help="Mapping ids are PREFIX0, PREFIX1, ... in physical order.",
 )
 @click.option(
+    "--single-function",
+    "single",
+    multiple=True,
+    type=click.IntRange(min=0),
+    metavar="INDEX",
+    help="GPU index mapped by its display function (`path=...:00.0`), as for a GPUDirect clique (vm.p2p); "
+    "repeatable, on every node.",
+)
+@click.option(
     "--against",
     type=click.Path(path_type=Path),
     metavar="PCI_CFG",
     help="A pci.cfg to repair: print it as pvegpu would write it after a BIOS change, one line per GPU on "
     "stderr (--id and --count do not apply: the GPUs are every display function of the mappings' vendors).",
 )
-def mapping(
+def mapping(  # click passes the options by name
+    *,
     nodes: tuple[tuple[str, Path], ...],
     ids: tuple[str, ...],
     count: int | None,
     prefix: str,
+    single: tuple[int, ...],
     against: Path | None,
 ) -> None:
     """Print the /etc/pve/mapping/pci.cfg sections pvegpu would write: one mapping per GPU, one map line
@@ -151,20 +162,27 @@ def mapping(
     Exit status 0 when printed, 1 when a GPU is refused or the nodes disagree (the problems go to stderr,
     nothing to stdout), 2 when a tree cannot be read.
 
+    With --single-function INDEX: that GPU's map lines name its display function (`0000:41:00.0`), as
+    pvegpu writes them for a GPU in a GPUDirect clique (`vm.p2p`): the VM then gets that function alone.
+
     With --against PCI_CFG: print that file with each node's renumber-only drift repaired (every other line
-    byte for byte), and on stderr one line per GPU and node: `gpu0 pve1: unchanged`, `gpu0 pve1: 0000:41:00
-    group 14 -> 0000:21:00 group 16, repaired`, or what changed and why it is not repaired. A node with
-    any GPU not repaired keeps all its lines. Exit status 0 when every GPU is unchanged or repaired, 1 when a
-    hardware change is not a renumbering, 2 when a tree or the file cannot be read.
+    byte for byte; a line keeps its shape, whole slot or `.0`), and on stderr one line per GPU and node: `gpu0
+    pve1: unchanged`, `gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16, repaired`, or what changed and
+    why it is not repaired. A node with any GPU not repaired keeps all its lines. Exit status 0 when every
+    GPU is unchanged or repaired, 1 when a hardware change is not a renumbering, 2 when a tree or the file
+    cannot be read.
     """
     if against is not None:
-        if ids or count is not None:
-            raise click.UsageError("--against decides on the GPUs the mappings name: no --id or --count")
+        if ids or count is not None or single:
+            raise click.UsageError(
+                "--against decides on the GPUs the mappings name, keeping each line's shape: no --id, "
+                "--count or --single-function"
+            )
         _repair(nodes, against, prefix)
         return
     topologies = {name: _plan(_read(directory), ids, count) for name, directory in nodes}
     try:
-        planned = plan_mappings(topologies, prefix)
+        planned = plan_mappings(topologies, prefix, dict.fromkeys(topologies, frozenset(single)))
     except MappingPlanError as error:
         for problem in error.problems:
             click.echo(f"pvegpu: {problem}", err=True)

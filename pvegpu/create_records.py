@@ -3,7 +3,8 @@
 
 Where: on this machine, beside the guest keys of the node's known_hosts file (pvegpu/guest_keys.py), not on
 the node: the API may be https (no shell on the node), and a record on the node could be written by anyone
-who can create guests there. One JSON file per guest, written atomically (0600, in a 0700 directory):
+who can create guests there. One JSON file per guest, written whole (pvegpu.local_files; 0600, in a 0700
+directory):
 
     <dir of ssh_known_hosts_file>/guest-keys/tasks/<node>-<qemu|lxc>-<vmid>.json
         {"sent": <Unix seconds the POST was sent>, "upid": <the task's UPID, or null until the POST answered>}
@@ -19,7 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvegpu.guest_keys import GUEST_KEYS_DIR, write_atomically
+from pvegpu.guest_keys import GUEST_KEYS_DIR
+from pvegpu.local_files import write_whole
 from pvegpu.plan.dead_create import CreateRecord
 
 TASKS_DIR = "tasks"
@@ -29,8 +31,10 @@ _DIRECTORY_MODE = 0o700
 
 @dataclass(frozen=True)
 class CreateLedger:
-    """The records of one node's guest creates (`directory`), and who pvegpu acts as there (`api_user`:
-    `root@pam` under pvesh, the API token id over https)."""
+    """The records of one node's guest creates (`directory`), and who pvegpu's create runs as there
+    (`api_user`, the user in its task's UPID: `root@pam` under pvesh, and over https for a create that
+    carries a key only root@pam may set, which goes through root's pvesh (`PveClient.acts_as`); else the
+    API token id)."""
 
     directory: Path
     api_user: str
@@ -52,10 +56,10 @@ class CreateLedger:
         return CreateRecord(upid=upid, sent=sent)
 
     def write(self, node: str, kind: str, vmid: int, record: CreateRecord) -> None:
-        """Write the record atomically (0600, its directory 0700)."""
+        """Write the record whole (0600, its directory 0700); LocalWriteError (an OSError) when it is not."""
         self.directory.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
         text = json.dumps({"sent": record.sent, "upid": record.upid}, sort_keys=True) + "\n"
-        write_atomically(self.path(node, kind, vmid), text, _MODE)
+        write_whole(self.path(node, kind, vmid), text, _MODE)
 
     def forget(self, node: str, kind: str, vmid: int) -> None:
         """Remove the record (none is fine)."""

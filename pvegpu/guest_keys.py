@@ -9,8 +9,9 @@ Files, beside the known_hosts file of the node's inventory data (`ssh_known_host
                                              the guest's authorized_keys through cloud-init), 0600
     <dir>/guest-keys/<vm name>.address       a DHCP guest's address, as the guest agent reported it
 
-Every write is atomic (a temporary file in the same directory, synced, then renamed): a cut leaves the old
-file. `record_known_host` replaces only the lines for one address; every other line stays as it was.
+Every file is written whole or not at all (`pvegpu.local_files.write_whole`): a cut or a full disk leaves the
+old file, and a failed write is one LocalWriteError line naming the file. `record_known_host` replaces only
+the lines for one address; every other line stays as it was.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import base64
 import hashlib
 import hmac
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from pvegpu.local_files import write_whole
 
 GUEST_KEYS_DIR = "guest-keys"
 _KEY_SUFFIX = "_ed25519"
@@ -77,12 +79,12 @@ def ensure_key_pair(private_key: Path) -> tuple[str, str]:
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         ).decode()
         private_key.parent.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
-        write_atomically(private_key, text, _PRIVATE_MODE)
+        write_whole(private_key, text, _PRIVATE_MODE)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     line = public.decode()
     public_file = private_key.with_name(private_key.name + ".pub")
     if not public_file.exists() or public_file.read_text() != line + "\n":
-        write_atomically(public_file, line + "\n", _PUBLIC_MODE)
+        write_whole(public_file, line + "\n", _PUBLIC_MODE)
     return text, line
 
 
@@ -110,7 +112,7 @@ def record_known_host(known_hosts: Path | str, address: str, public_key: str) ->
     if wanted != lines:
         mode = known_hosts.stat().st_mode & 0o777 if known_hosts.exists() else _PUBLIC_MODE
         known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(known_hosts, "".join(f"{line}\n" for line in wanted), mode)
+        write_whole(known_hosts, "".join(f"{line}\n" for line in wanted), mode)
 
 
 def record_address(private_key: Path, address: str) -> None:
@@ -118,7 +120,7 @@ def record_address(private_key: Path, address: str) -> None:
     ipaddress.ip_address(address)
     path = address_file(private_key)
     if not path.exists() or path.read_text() != f"{address}\n":
-        write_atomically(path, f"{address}\n", _PUBLIC_MODE)
+        write_whole(path, f"{address}\n", _PUBLIC_MODE)
 
 
 def recorded_address(private_key: Path) -> str | None:
@@ -182,21 +184,3 @@ def _names_address(name: str, address: str) -> bool:
         return hmac.compare_digest(expected, base64.b64decode(digest))
     except ValueError:  # not valid base64: not a hashed entry OpenSSH would match either
         return False
-
-
-def write_atomically(path: Path, text: str, mode: int) -> None:
-    """`text` into `path` on this machine: a temporary file beside it with `mode`, synced, renamed."""
-    temp = path.with_name(f".{path.name}.pvegpu-new")
-    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(descriptor, mode)  # the umask, or a leftover temporary file, must not widen it
-        os.write(descriptor, text.encode())
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    os.replace(temp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -1,8 +1,8 @@
 """`node_state_of(host)`: a Proxmox node's `NodeState` (pvegpu/facts/node_state.py), read once per node and
 run in one command: the PCI hardware and CPU/kernel the node's plan is computed from, and everything its
 operations decide from (boot files, bootloader, running command line, the host-driver profiles' leftovers, the
-sha256 of pvegpu's hook and snippet files; with `vm` data, the Proxmox files whose API answers
-pvegpu/facts/pve_files.py computes: roles/vm_reads.py).
+sha256 of pvegpu's hook and snippet files; with `vm` data, the Proxmox files and the VM's QEMU process whose
+API answers pvegpu/facts/pve_files.py computes: roles/vm_reads.py).
 
 The plan and the roles read it while pyinfra prepares the run. An operation decides from it while no
 operation on the node has run a command since it was read (`unchanged_node_state`): so a no-op run reads the
@@ -47,8 +47,8 @@ def _greenlet_lock() -> AbstractContextManager[object]:
 
 def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
     """The read of a node with the `node` settings: every file the node's operations decide from; with `vm`,
-    also its config, storage.cfg and the PCI mappings, the API's answers for which pvegpu/facts/pve_files.py
-    computes."""
+    also its config, storage.cfg, the PCI mappings and its QEMU process (pidfile, command line, state), the
+    API's answers for which pvegpu/facts/pve_files.py computes."""
     return NodeStateRequest(
         sysfs_root=str(node.sysfs_root),
         cmdline_path=str(node.cmdline_path),
@@ -56,6 +56,7 @@ def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
         driver_units=DRIVER_UNITS,
         sha256_paths=(BUNDLE_PATH,),
         pve_files=() if vm is None else (vm_config_path(node.name, vm.vmid), STORAGE_CFG, MAPPING_CFG),
+        vmids=() if vm is None else (vm.vmid,),
     )
 
 

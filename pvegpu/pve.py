@@ -11,6 +11,11 @@ Backends (`pvegpu.pve_https.connect_https`, `connect_ssh`, `connect_local`):
   the next call.
 - `local`: proxmoxer's local session runs `pvesh` on this node.
 
+A token is never root@pam, and Proxmox lets only root@pam send some writes (pvegpu.models.pve_root_only:
+`hookscript`, `args`, `hugepages`, `affinity`, `lock`, `skiplock`, raw `host=`, a CT's `devN`). `RootRouted`
+sends those through root's `pvesh` on the node over SSH (`ssh_transport`) and every other call through the
+token; `PveClient.acts_as` says which identity a call goes out as (a create's task runs as that user).
+
 The command backends build the `pvesh` argv here rather than through proxmoxer's flattening, which sends a
 list as ONE argument (`-map "['a', 'b']"`, an invalid mapping): every list value becomes a repeated option
 (`--map A --map B`), booleans `1`/`0`. pvesh runs async calls to completion, prints worker output then the
@@ -34,8 +39,8 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import paramiko
 from proxmoxer.backends.local import LocalSession
@@ -52,6 +57,7 @@ from pvegpu.models.pve import (
     TaskStatus,
     VmStatus,
 )
+from pvegpu.models.pve_root_only import ROOT_USER, root_only_params
 from pvegpu.ssh_nodelay import nodelay_transport
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -147,7 +153,8 @@ def resent_if_read(method: Method, send: Callable[[], _R]) -> _R:
 
 
 class TaskFailedError(PveError):
-    """A task ended with an exitstatus other than OK; `message` is the exitstatus, `upid` the task."""
+    """A task ended with an exitstatus that is an error (`status_is_error`); `message` is the exitstatus,
+    `upid` the task."""
 
     def __init__(self, upid: str, exitstatus: str) -> None:
         self.upid = upid
@@ -167,6 +174,45 @@ class Transport(Protocol):
     for an answer that is not JSON)."""
 
     def __call__(self, method: Method, path: str, params: Params) -> object: ...
+
+
+@runtime_checkable
+class Identified(Protocol):
+    """A transport that says which Proxmox identity sends a call (`root@pam`, `user@realm!token`)."""
+
+    def acts_as(self, method: Method, path: str, params: Params) -> str: ...
+
+
+def acts_as(transport: Transport, method: Method, path: str, params: Params) -> str:
+    """Who sends `method path params` through `transport`: its own answer when it is `Identified`, else
+    root@pam (pvesh, as root on the node)."""
+    return transport.acts_as(method, path, params) if isinstance(transport, Identified) else ROOT_USER
+
+
+@dataclass
+class RootRouted:
+    """The `https` backend's transport when pvegpu reaches the node as root over SSH: a call that carries
+    what only root@pam may send (pvegpu.models.pve_root_only `root_only_params`: `hookscript`, `args`,
+    `hugepages`, `affinity`, a `delete` of one, `skiplock`, a raw `host=` device, a CT's `devN`) goes
+    through root's `pvesh` on the node, every other call through the token (`token`, acting as
+    `token_id`). `root` makes the root transport on the first call that needs it, so a run that writes no
+    such key never opens that SSH connection. A PUT carries its GET's digest through either identity:
+    Proxmox checks it against the config file, whoever read it."""
+
+    token: Transport
+    token_id: str
+    root: Callable[[], Transport]
+    _root: Transport | None = field(default=None, init=False, repr=False)
+
+    def __call__(self, method: Method, path: str, params: Params) -> object:
+        if self.acts_as(method, path, params) == ROOT_USER:
+            if self._root is None:
+                self._root = self.root()
+            return self._root(method, path, params)
+        return self.token(method, path, params)
+
+    def acts_as(self, method: Method, path: str, params: Params) -> str:
+        return ROOT_USER if root_only_params(method, path, params) else self.token_id
 
 
 # ---------------------------------------------------------------------------------------------- pvesh
@@ -347,6 +393,31 @@ def connect_ssh(
     """A client running `pvesh` on `host` over SSH (paramiko). The host key must be in the system
     known_hosts or in `known_hosts`; otherwise PveConnectionError, nothing is added. A dropped connection
     (the node rebooted) is re-established before the next call (`_KnownHostsSession.run`)."""
+    return PveClient(
+        ssh_transport(
+            host,
+            user,
+            port=port,
+            key_filename=key_filename,
+            known_hosts=known_hosts,
+            sudo=sudo,
+            timeout=timeout,
+        )
+    )
+
+
+def ssh_transport(
+    host: str,
+    user: str = "root",
+    *,
+    port: int = 22,
+    key_filename: str | None = None,
+    known_hosts: str | None = None,
+    sudo: bool = False,
+    timeout: float = 30,
+) -> CommandTransport:
+    """`connect_ssh`'s transport: `pvesh` on `host` over SSH, connected now (PveConnectionError when the
+    connection or the host key is refused)."""
     try:
         session = _KnownHostsSession(
             known_hosts, host=host, user=user, private_key_file=key_filename, port=port, timeout=timeout
@@ -358,7 +429,7 @@ def connect_ssh(
         _LOG.debug("Running pvesh on %s: %s", host, shlex.join(argv))  # scripts/bench.py counts these
         return session.run(argv)
 
-    return PveClient(CommandTransport(run, sudo=sudo))
+    return CommandTransport(run, sudo=sudo)
 
 
 def connect_local(*, sudo: bool = False, timeout: float = 600) -> PveClient:
@@ -384,6 +455,11 @@ class PveClient:
     raises PveResponseError. Writes that return nothing are not proof of anything: read back."""
 
     call: Transport
+
+    def acts_as(self, method: Method, path: str, params: Params) -> str:
+        """Who Proxmox sees sending `method path params` (`root@pam`, or the token id): the identity a
+        create's task runs as (its UPID's user), and whether a root-only call can be sent at all."""
+        return acts_as(self.call, method, path, params)
 
     def _call(self, method: Method, path: str, params: Params) -> object:
         try:
@@ -416,6 +492,17 @@ class PveClient:
         if not isinstance(data, str) or UPID.fullmatch(data) is None:
             raise _response_error(f"{method} {path}", "a task id (UPID)", data)
         return data
+
+    # -- access
+    def permissions(self, path: str) -> frozenset[str]:
+        """`GET /access/permissions?path=<path>`: the privileges the calling identity holds on `path`
+        (pve-access-control API2/AccessControl.pm `permissions`; a privilege-separated token's answer is
+        what the token itself may do). `{}` for a path it holds nothing on."""
+
+        def parse(data: object) -> frozenset[str]:
+            return frozenset(str(name) for name in _dict(_dict(data).get(path, {})))
+
+        return self._read("/access/permissions", {"path": path}, parse)
 
     # -- cluster PCI mappings
     def mappings(self, check_node: str | None = None) -> tuple[MappingState, ...]:
@@ -461,9 +548,11 @@ class PveClient:
         """`POST /nodes/{node}/qemu`; returns the UPID (wait for it: creation runs as a task)."""
         return self._task("POST", f"/nodes/{node}/qemu", {"vmid": vmid, **config})
 
-    def vm_config(self, node: str, vmid: int) -> GuestConfig:
-        """`GET …/qemu/{vmid}/config` with pending values applied, plus its `digest`."""
-        return self._read(f"/nodes/{node}/qemu/{vmid}/config", {}, _guest_config)
+    def vm_config(self, node: str, vmid: int, current: bool = False) -> GuestConfig:
+        """`GET …/qemu/{vmid}/config` with pending values applied (what the next cold start gets), plus its
+        `digest`; `current`: the values in effect now, without the `[PENDING]` section (`current=1`)."""
+        params: Params = {"current": True} if current else {}
+        return self._read(f"/nodes/{node}/qemu/{vmid}/config", params, _guest_config)
 
     def update_vm_config(
         self, node: str, vmid: int, values: Params, digest: str, delete: Sequence[str] = ()
@@ -557,6 +646,14 @@ class PveClient:
         def parse(data: object) -> StorageConfig:
             values = _dict(data)
             path = values.get("path")
+            if path is not None and _UNSAFE_PATH.search(str(path)):
+                refused = PveError(
+                    502,
+                    f"storage {storage}: path {str(path)!r} holds a character pvegpu will not put in a "
+                    "command",
+                )
+                refused.endpoint = f"GET /storage/{storage}"
+                raise refused
             return StorageConfig(
                 storage=storage,
                 content=tuple(c for c in _text_of(values, "content").split(",") if c),
@@ -627,6 +724,15 @@ class PveClient:
 
         return self._read(f"/nodes/{upid_node(upid)}/tasks/{upid}/status", {}, parse)
 
+    def task_log(self, upid: str) -> tuple[str, ...]:
+        """`GET /nodes/{node}/tasks/{upid}/log` with `limit=0` (every line): the task log's lines, in order
+        (what the task printed: a failed VM start's QEMU error lines, then `TASK ERROR: ...`)."""
+
+        def parse(data: object) -> tuple[str, ...]:
+            return tuple(str(_dict(item).get("t", "")) for item in _list(data))
+
+        return self._read(f"/nodes/{upid_node(upid)}/tasks/{upid}/log", {"start": 0, "limit": 0}, parse)
+
     def guest_tasks(self, node: str, vmid: int, limit: int = 10) -> tuple[TaskStatus, ...]:
         """`GET /nodes/{node}/tasks` of guest `vmid`, newest first: each one's status (`running`, or
         `stopped` with its exit status, e.g. `unexpected status` for a worker that was killed)."""
@@ -657,10 +763,11 @@ class PveClient:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> TaskStatus:
-        """Poll the task until it stops; return its status when `exitstatus` is `OK`.
+        """Poll the task until it stops; return its status when it succeeded: `exitstatus` `OK` or
+        `WARNINGS: N` (pve-common src/PVE/UPID.pm `status_is_error`: it logged warnings and did its job).
 
-        Raises TaskFailedError with the exitstatus (`WARNINGS: N` included: it is not `OK`) and
-        TaskTimeoutError when it is still running after `timeout` seconds.
+        Raises TaskFailedError with any other exitstatus and TaskTimeoutError when it is still running after
+        `timeout` seconds.
         """
         ended: list[TaskStatus] = []
 
@@ -680,7 +787,7 @@ class PveClient:
             timed_out.endpoint = f"task {upid}"
             raise timed_out from None
         status = ended[0]
-        if status.exitstatus != "OK":
+        if not status.ok:
             failed = TaskFailedError(upid, status.exitstatus or "task stopped without an exit status")
             failed.endpoint = f"task {upid}"
             raise failed
@@ -688,6 +795,12 @@ class PveClient:
 
 
 _T = TypeVar("_T")
+
+
+# pve-storage (src/PVE/Storage/Plugin.pm, verify_path) takes any path of `/` and one character other than `;`,
+# `(`, `)` ("fixme: exclude more shell meta characters?"); a storage's directory reaches commands on the node
+# (snippets, the hookscript), so what a shell or a line-based read could take for syntax is refused.
+_UNSAFE_PATH = re.compile(r"[\x00-\x1f\x7f`$\\\"']")
 
 
 class _ShapeError(ValueError):

@@ -4,6 +4,12 @@ Kept apart from pvegpu.pve so that a run on the `ssh` or `local` backend never i
 (~0.06 s of every run's start). TLS is verified against the system CAs by default, or against `ca_file`;
 with `fingerprint` (the node's `AA:BB:…` SHA-256, as `pvenode cert info` prints it) the certificate is pinned
 instead. There is no option to skip verification.
+
+Proxies: a pinned session connects straight to the node and ignores the environment (`https_proxy`,
+`ALL_PROXY`, `no_proxy`, `.netrc`: requests' `trust_env` is off), because requests builds a proxy's connection
+pool without the adapter's pin, so a proxied call would be checked by nothing. With the system CAs or
+`ca_file` the environment's proxy is used (a CONNECT tunnel) and the certificate is still verified end to end
+through it; with the system CAs, requests' `REQUESTS_CA_BUNDLE` / `CURL_CA_BUNDLE` replace the system store.
 """
 
 from __future__ import annotations
@@ -45,9 +51,14 @@ class _PinnedAdapter(HTTPAdapter):
 
 @dataclass
 class HttpsTransport:
-    """Calls through proxmoxer's https backend (`api`), errors rewritten as PveError."""
+    """Calls through proxmoxer's https backend (`api`), errors rewritten as PveError; Proxmox sees every
+    call sent by the API token `token_id`."""
 
     api: Any = field(repr=False)
+    token_id: str = ""
+
+    def acts_as(self, method: Method, path: str, params: Params) -> str:  # noqa: ARG002  (one identity)
+        return self.token_id
 
     def __call__(self, method: Method, path: str, params: Params) -> object:
         values = {key: _form(value) for key, value in params.items() if value is not None}
@@ -98,7 +109,8 @@ def connect_https(
     """A client for `https://host:port/api2/json` with the API token `token_id` (`user@realm!name`).
 
     TLS: verified against the system CAs, or `ca_file`; or, with `fingerprint` (SHA-256, `AA:BB:…`),
-    only that certificate is accepted. Raises ValueError for a malformed token id or fingerprint.
+    only that certificate is accepted, over a direct connection (no proxy from the environment). Raises
+    ValueError for a malformed token id or fingerprint.
     """
     user, sep, token_name = token_id.partition("!")
     if not sep or "@" not in user or not token_name:
@@ -119,6 +131,10 @@ def connect_https(
         timeout=timeout,
     )
     if fingerprint is not None:
-        # CA checks are replaced by the pin, never dropped: urllib3 refuses any other certificate.
-        api._store["session"].mount("https://", _PinnedAdapter(fingerprint))
-    return PveClient(HttpsTransport(api))
+        # CA checks are replaced by the pin, never dropped: urllib3 refuses any other certificate. requests
+        # would send a proxied call through a pool built without the pin: pinned calls never take a proxy.
+        session = api._store["session"]
+        session.trust_env = False
+        session.proxies.clear()
+        session.mount("https://", _PinnedAdapter(fingerprint))
+    return PveClient(HttpsTransport(api, token_id))

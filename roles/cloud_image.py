@@ -14,7 +14,8 @@ from pathlib import Path
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.guest_keys import ensure_key_pair, host_key_files, login_key_files
+from pvegpu.guest_keys import GuestKeyError, ensure_key_pair, host_key_files, login_key_files
+from pvegpu.local_files import LocalWriteError
 from pvegpu.models.pve import GuestConfig
 from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.operations.cloud_image import image_downloaded, snippet_file
@@ -53,8 +54,11 @@ def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> Gu
             timeout_s=timeout_s,
         )
     private, _ = host_key_files(known_hosts, spec.name)
-    key_text, public_line = ensure_key_pair(private)
-    _, login_public = ensure_key_pair(login_key_files(known_hosts, spec.name)[0])
+    try:
+        key_text, public_line = ensure_key_pair(private)
+        _, login_public = ensure_key_pair(login_key_files(known_hosts, spec.name)[0])
+    except (GuestKeyError, LocalWriteError) as error:
+        raise OperationError(f"{host.name}: guest {spec.name}: {error}") from None
     snippet_file(
         name="The guest's cloud-init user-data is on the node",
         path=f"{snippets_directory(api, spec.snippets_storage)}/{snippet_name(spec.vmid)}",

@@ -21,6 +21,13 @@ from pvegpu.models.inventory import NodeSpec
 from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
 from pvegpu.plan.node import NodePlan
+from pvegpu.plan.privileges import (
+    acl_paths,
+    missing_privileges,
+    node_ids,
+    privileges_report,
+    required_privileges,
+)
 from pvegpu.plan.topology import Topology
 from pvegpu.plan.vm import HOOKSCRIPT, hookscript_volid, is_pvegpu_hookscript
 from pvegpu.pve import PveError
@@ -40,17 +47,54 @@ _HEALTH_ADVICE = {
 @deploy("Report the node")
 def node_report() -> None:
     """The GPU topology and the host checks, from two remote commands (`PciHardware`, `HostChecks`); on a
-    Proxmox node with `vm` data, the health of its VM's PCI mappings, read through the API.
+    Proxmox node the API token's privileges (`https`), and with `vm` data the health of its VM's PCI
+    mappings, read through the API.
 
     The hardware and topology come from the host's plan (read once per run).
     """
     plan = plan_of(host)
     _gpu_topology(plan.specs.node, plan.topology)
     _host_checks(plan.specs.node, plan.hardware, plan.topology)
+    if plan.is_pve_node:
+        _token_privileges(plan)
     if plan.is_pve_node and plan.specs.vm is not None:
         _mapping_health(plan)
         _hook_status(plan)
         _numa_layout(plan)
+        _mmio_window(plan)
+
+
+def _token_privileges(plan: NodePlan) -> None:
+    """With the `https` backend: whether the API token holds every privilege pvegpu needs on this node's
+    paths (`GET /access/permissions`, plan/privileges.py), each missing one named with its path; and who
+    writes the root-only keys."""
+    pve = plan.specs.pve
+    if pve.backend != "https" or pve.token_id is None:
+        return
+    root = "root's pvesh over SSH (pve.root_ssh)" if pve.root_user else "nobody (pve.root_ssh: false)"
+    logger.info(f"{host.print_prefix}keys only root@pam may set are written by {root}")
+    required = required_privileges(node_ids(plan.specs, plan.mapping_ids))
+    try:
+        api = pve_client(host)
+        granted = {path: api.permissions(path) for path in acl_paths(required)}
+    except (PveError, PveSetupError) as error:
+        line = error.line if isinstance(error, PveError) else str(error)
+        logger.warning(f"{host.print_prefix}API token {pve.token_id}: privileges not read: {line}")
+        return
+    missing = missing_privileges(required, granted)
+    log = logger.warning if missing else logger.info
+    log(f"{host.print_prefix}{privileges_report(pve.token_id, required, missing)}")
+
+
+def _mmio_window(plan: NodePlan) -> None:
+    """Print the 64-bit MMIO window the VM's guest gets (plan/mmio.py), or why it cannot hold the BARs."""
+    window, vm = plan.mmio, plan.specs.vm
+    if window is None or vm is None:
+        return
+    if window.problem is not None:
+        logger.warning(f"{host.print_prefix}VM {vm.vmid}: vm.mmio: {window.problem}")
+        return
+    logger.info(f"{host.print_prefix}VM {vm.vmid}: {window.guest}")
 
 
 def _numa_layout(plan: NodePlan) -> None:

@@ -62,16 +62,21 @@ def lxc_gpu() -> None:
         raise OperationError(f"{host.name}: {error}") from None
     api = pve_client(host)
     timeout_s = plan.specs.pve.task_timeout_s
+    config, create = container_config(spec, devices), create_keys(spec)
 
     lxc_container(
         name="Create or converge the container with the GPU device entries",
         api=api,
         node=node.name,
         vmid=spec.vmid,
-        config=container_config(spec, devices),
-        create=create_keys(spec),
+        config=config,
+        create=create,
         timeout_s=timeout_s,
-        ledger=ledger_beside(host.data.get(KNOWN_HOSTS_KEY), plan.specs.pve.api_user),
+        # the identity the create runs as (root@pam: its devN entries are root-only): its task's user
+        ledger=ledger_beside(
+            host.data.get(KNOWN_HOSTS_KEY),
+            api.acts_as("POST", f"/nodes/{node.name}/lxc", {**config, **create}),
+        ),
     )
     lxc_raw_lines(
         name="Write the raw lxc lines (devices before Proxmox 8.1, /dev/shm)",

@@ -3,6 +3,8 @@
 The nodes of one cluster (hosts whose `pve.cluster` is the same; a host without one is its own cluster)
 share one set of mappings with one `map` line per node, so the first of them (by inventory name) syncs
 them for all, from every node's plan. Map lines of nodes outside that cluster are someone else's: kept.
+A node's GPUs that its VM gives a GPUDirect clique (`vm.p2p`) are mapped single-function
+(plan/p2p.py `single_function_gpus`; with `probe`, as the VM's config holds the clique).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pvegpu.host_plan import plan_of
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.operations.mapping import pci_mappings
 from pvegpu.plan.mapping import MappingPlanError, plan_mappings
+from pvegpu.plan.p2p import clique_args, plan_cliques, single_function_gpus
+from pvegpu.pve import PveError
 
 
 def cluster_hosts(target: Host) -> list[Host]:
@@ -37,6 +41,22 @@ def syncs_mappings(target: Host) -> bool:
     return cluster_hosts(target)[0] is target
 
 
+def _single_function(peer: Host) -> frozenset[int]:
+    """The GPU indexes `peer`'s VM passes single-function (none without a VM or `vm.p2p`)."""
+    plan = plan_of(peer)
+    spec = plan.specs.vm
+    if spec is None or spec.p2p == "off":
+        return frozenset()
+    planned = clique_args(plan_cliques(plan.topology, plan.cpu_vendor))
+    args = None
+    if spec.p2p == "probe":
+        try:
+            args = pve_client(peer).vm_config(plan.specs.node.name, spec.vmid).values.get("args")
+        except PveError:  # no such VM yet (or unreadable: the VM role says so): whole slots
+            args = None
+    return single_function_gpus(spec.p2p, planned, None if args is None else str(args))
+
+
 @deploy("Sync the PCI mappings")
 def pci_mapping() -> None:
     """One mapping per GPU with one map line per cluster node, synced through the API (see the module)."""
@@ -46,8 +66,9 @@ def pci_mapping() -> None:
         return
     plan = plan_of(host)
     topologies = {plan_of(peer).specs.node.name: plan_of(peer).topology for peer in peers}
+    single = {plan_of(peer).specs.node.name: _single_function(peer) for peer in peers}
     try:
-        desired = plan_mappings(topologies, plan.mapping_prefix)
+        desired = plan_mappings(topologies, plan.mapping_prefix, single)
     except MappingPlanError as error:
         raise OperationError(f"{host.name}: cannot map the GPUs:\n{error}") from None
     pci_mappings(

@@ -2,18 +2,22 @@
 that a started VM's guest sees its GPUs. Parking it for the `lxc` / `baremetal` profiles is
 roles/guest_parked.py's.
 
-The MMIO window is sized from the node's GPUs' BARs (plan/mmio.py); `vm.mmio = args` needs root@pam, and
-is refused up front for any other API user. Starting is refused while the GPUs' functions are not bound
+The MMIO window is sized from the node's GPUs' BARs (plan/mmio.py); `vm.mmio = args` needs root@pam: an
+API token's run writes it through root's pvesh on the node, and without a root path it was refused when the
+inventory loaded. Starting is refused while the GPUs' functions are not bound
 to vfio-pci on the node. With `vm.image` the VM gets its OS from a cloud image (roles/cloud_image.py); its
 system disk is grown to `vm.disk.size_gib` and, once started, its guest must answer with the SSH host key
-pvegpu gave it before the run goes on. Last, GPU peer-to-peer in the VM as `vm.p2p` says (the clique parts of
-`args`, the probe through the guest agent: pvegpu/operations/p2p.py).
+pvegpu gave it before the run goes on. A running VM's changes that Proxmox keeps pending until its next
+cold start are applied by a cold restart when `pve_host.allow_reboot` allows it, else reported with the
+command (pvegpu/operations/vm.py `vm_pending`). Last, GPU peer-to-peer in the VM as `vm.p2p` says (the clique
+parts of `args`, the probe through the guest agent: pvegpu/operations/p2p.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
@@ -28,7 +32,7 @@ from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
 from pvegpu.operations.p2p import guest_venv, p2p_clique
 from pvegpu.operations.pve_guest import VM, guest_running
-from pvegpu.operations.vm import guest_gpus, q35_vm
+from pvegpu.operations.vm import guest_gpus, q35_vm, vm_pending
 from pvegpu.plan.mmio import mmio_refusal
 from pvegpu.plan.p2p import clique_args, plan_cliques
 from pvegpu.plan.vm import create_keys, unbound_functions, vm_config
@@ -49,9 +53,13 @@ def q35_vm_role() -> None:
         raise OperationError(f"{host.name}: the GPUs cannot be passed: {problem}")
     if plan.numa_problem is not None:
         raise OperationError(f"{host.name}: {plan.numa_problem}")
-    refusal = mmio_refusal(spec.mmio, pve.api_user)
+    refusal = mmio_refusal(spec.mmio, pve.root_user)
     if refusal is not None:
         raise OperationError(f"{host.name}: {refusal}")
+    if plan.mmio is not None and plan.mmio.problem is not None:
+        raise OperationError(f"{host.name}: vm.mmio: {plan.mmio.problem}")
+    if plan.mmio is not None:
+        logger.info(f"{host.print_prefix}VM {spec.vmid}: {plan.mmio.guest}")
     hardware, topology = plan.hardware, plan.topology
     api = pve_client(host)
     storages_offer(api, spec)
@@ -59,7 +67,7 @@ def q35_vm_role() -> None:
     self_heal(api, node, spec)  # the hookscript exists before the VM's config names it
     clique = clique_args(plan_cliques(topology, plan.cpu_vendor))
     config, create = vm_config(spec, plan.mapping_ids, plan.mmio, plan.numa, clique), create_keys(spec)
-    q35_conversion(  # an installed i440FX/SeaBIOS VM: moved only when its guest can boot on OVMF
+    converting = q35_conversion(  # an installed i440FX/SeaBIOS VM: moved only when its guest can boot on OVMF
         name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",
         api=api,
         node=node.name,
@@ -69,7 +77,7 @@ def q35_vm_role() -> None:
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
     )
-    q35_vm(
+    converged = q35_vm(
         name="Create or converge the Q35 VM",
         api=api,
         node=node.name,
@@ -78,7 +86,11 @@ def q35_vm_role() -> None:
         create=create,
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
-        ledger=ledger_beside(host.data.get(KNOWN_HOSTS_KEY), pve.api_user),
+        # the identity the create runs as (root@pam when it carries a root-only key): its task's user
+        ledger=ledger_beside(
+            host.data.get(KNOWN_HOSTS_KEY),
+            api.acts_as("POST", f"/nodes/{node.name}/qemu", {**config, **create}),
+        ),
         keep_clique=spec.p2p == "probe",
     )
     disk_grown(
@@ -113,18 +125,32 @@ def q35_vm_role() -> None:
             mac=None,
             timeout_s=pve.task_timeout_s,
         )
+    probing = []
     if spec.p2p != "off":  # `off`: pvegpu's clique parts leave with the VM's config above
-        p2p_clique(
-            name="GPU peer-to-peer in the VM (vm.p2p)",
-            api=api,
-            node=node.name,
-            vmid=spec.vmid,
-            mode=spec.p2p,
-            clique=clique,
-            venv=guest_venv(host),
-            probe_timeout_s=spec.p2p_probe_timeout_s,
-            timeout_s=pve.task_timeout_s,
-        )
+        probing = [
+            p2p_clique(
+                name="GPU peer-to-peer in the VM (vm.p2p)",
+                api=api,
+                node=node.name,
+                vmid=spec.vmid,
+                mode=spec.p2p,
+                clique=clique,
+                prefix=spec.mapping_prefix,
+                venv=guest_venv(host),
+                probe_timeout_s=spec.p2p_probe_timeout_s,
+                timeout_s=pve.task_timeout_s,
+            )
+        ]
+    # Last: the probe's own restart applies what is pending (choosing `probe` is the consent to it).
+    vm_pending(
+        name="Apply the VM's pending changes (a cold restart)",
+        api=api,
+        node=node.name,
+        vmid=spec.vmid,
+        allow_restart=plan.specs.host.allow_reboot,
+        config_changing=lambda: any(op.will_change for op in (converting, converged, *probing)),
+        timeout_s=pve.task_timeout_s,
+    )
 
 
 def _answering(identity: GuestIdentity | None, timeout_s: float) -> Callable[[], None] | None:

@@ -175,6 +175,7 @@ def sglang() -> None:
     sglang_ready(
         name="Wait for /health and /v1/models",
         target=probe_target(spec),
+        key_files=tuple(path for _, path in credentials(spec)),  # masked in the journal lines it shows
         timeout_s=spec.start_timeout_s,
         starting=any(op.will_change for op in (started, *changes)),
     )

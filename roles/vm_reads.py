@@ -2,7 +2,9 @@
 
 The VM's config, the storages its files use and the PCI mappings with this node's checks (when this node
 syncs them) are answered from the files the node's one read brought (pvegpu/node_state.py,
-pvegpu/facts/pve_files.py; pvegpu.facts.pve `seed`), else sent, with the VM's status (`read_ahead`).
+pvegpu/facts/pve_files.py; pvegpu.facts.pve `seed`), and the VM's status from its QEMU process in that read
+(`seed_status`: while nothing ran on the node and pvegpu wrote nothing through the API), else sent
+(`read_ahead`).
 Each operation then takes its answer from its first read, so the reads cost at most one round trip together,
 not one each."""
 
@@ -13,10 +15,10 @@ from collections.abc import Callable
 from pyinfra.context import host
 
 from pvegpu.facts.node_state import STORAGE_CFG
-from pvegpu.facts.pve import pve_client, read_ahead, seed
-from pvegpu.facts.pve_files import mappings_answer, qemu_config_answer, storage_answer
+from pvegpu.facts.pve import pve_client, read_ahead, seed, seed_status
+from pvegpu.facts.pve_files import mappings_answer, qemu_config_answer, qemu_status_answer, storage_answer
 from pvegpu.models.specs import host_specs
-from pvegpu.node_state import MAPPING_CFG, node_state_of, vm_config_path
+from pvegpu.node_state import MAPPING_CFG, node_state_of, unchanged_node_state, vm_config_path
 from pvegpu.pve import PveClient
 from roles.pci_mapping import syncs_mappings
 from roles.snippets import storages_used
@@ -36,8 +38,11 @@ def read_vm_resources_ahead() -> None:
     files = state.pve_files
     config, storage_cfg = files.get(vm_config_path(node, vmid)), files.get(STORAGE_CFG)
     mapping_cfg = files.get(MAPPING_CFG)
+    vm_answer = None if config is None else qemu_config_answer(config)  # None too when it holds [PENDING]
     answered: list[tuple[Read, object | None]] = [
-        (lambda api: api.vm_config(node, vmid), None if config is None else qemu_config_answer(config)),
+        (lambda api: api.vm_config(node, vmid), vm_answer),
+        # Without [PENDING] the values in effect are the same (vm_pending's read); no file: no VM to read.
+        *([] if config is None else [(lambda api: api.vm_config(node, vmid, current=True), vm_answer)]),
         *(
             (_storage(name), None if storage_cfg is None else storage_answer(storage_cfg, name))
             for name in storages_used(spec)
@@ -47,7 +52,20 @@ def read_vm_resources_ahead() -> None:
         mappings = None if mapping_cfg is None else mappings_answer(mapping_cfg, node, state.hardware)
         answered.append((lambda api: api.mappings(check_node=node), mappings))
     reads: list[Read] = [read for read, answer in answered if answer is None or not seed(api, read, answer)]
-    read_ahead(api, [*reads, lambda api: api.vm_status(node, vmid)])
+    process = state.qemu_processes.get(vmid)
+    status = None if config is None or process is None else qemu_status_answer(config, process, vmid)
+
+    def read_status(api: PveClient) -> object:
+        return api.vm_status(node, vmid)
+
+    target = host.state.inventory.get_host(host.name)
+
+    def fresh() -> bool:  # the node's read still holds: nothing on the node ran a command since
+        return unchanged_node_state(target) is not None
+
+    if status is None or not seed_status(api, read_status, status, fresh):
+        reads.append(read_status)
+    read_ahead(api, reads)
 
 
 def _storage(name: str) -> Read:

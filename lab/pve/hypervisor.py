@@ -6,9 +6,14 @@ write a request into the node's `/var/lib/pvegpu-lab/hv/` (`<vmid>-<action>-<non
 for the `.answer` beside it. This process runs on the lab machine (started with the node, stopped by
 `lab down NODE`), sees the same directory through the node's root, and answers each request in turn:
 
-- `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...]}, ...],
-  "machine": "q35"|"pc", "bios": "ovmf"|"seabios", "mac": net0's MAC, "disk": null | {"key", "volume",
-  "path"}, "cloud_init": null | {"user_data", "ipconfig0", "hostname", "mac"}}` (a VM): the VM boots only when
+- `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...], "vendors":
+  {function: "0x10de"}, "classes": {function: "0x030000"}}, ...], "machine": "q35"|"pc", "bios":
+  "ovmf"|"seabios", "mac": net0's MAC, "disk": null | {"key", "volume", "path"}, "cloud_init": null |
+  {"user_data", "ipconfig0", "hostname", "mac"}, "config": {the VM's config}}` (a VM): first, real QEMU
+  judges the command line qemu-server would build from `config` (lab.pve.qemu_cmdline, lab.pve.qemu_check:
+  nothing runs); a refusal answers `{"ok": false, "error": "QEMU exited with code 1", "log": [QEMU's
+  stderr lines]}` (vm_start_nolock's error; the stand-in puts the log lines in the task log) and nothing
+  starts. Then the VM boots only when
   its boot disk's data file (`path`, in the node's root) is a lab image (lab.images) whose system the firmware
   can start (OVMF needs an EFI system partition; SeaBIOS starts any); otherwise it "runs" with nothing booted
   and answers `{"ok": true, "pid": <this process>, "guest": null}`. A booting VM brings up the guest lab host
@@ -50,9 +55,10 @@ from types import FrameType
 from typing import Any, cast
 
 from lab import cloud_init, guest_payload, hosts, images
-from lab.pve import agent, container
+from lab.pve import agent, container, qemu_check
 from lab.pve.guest import GuestError, Passed, guest_topology
 from lab.pve.node import GUEST_RECORD, HV_DIR
+from lab.pve.qemu_cmdline import HostPci, QemuCmdlineError
 from lab.topologies import TOPOLOGIES
 
 POLL_S = 0.1
@@ -87,6 +93,14 @@ def start_vm(
     """A VM start (module docstring): guest lab host `name` boots when the VM's disk holds a bootable
     image."""
     node, vmid = node_host.name, int(request["vmid"])
+    try:
+        refusal = qemu_verdict(vmid, request)
+    except (
+        QemuCmdlineError
+    ) as error:  # what qemu-server's config_to_command dies of (the stand-in checks first)
+        return {"ok": False, "error": str(error)}
+    if refusal is not None:
+        return {"ok": False, "error": "QEMU exited with code 1", "log": refusal}
     disk = request.get("disk")
     image = images.read_image_file(node_host.root / str(disk["path"]).lstrip("/")) if disk else None
     if image is None or (request.get("bios", "seabios") == "ovmf" and not image.esp):
@@ -130,6 +144,17 @@ def start_vm(
         mac = (request.get("cloud_init") or {}).get("mac") or request.get("mac")
         agent.write_interfaces(node_host, vmid, guest, str(request.get("machine", "pc")), mac)
     return {"ok": True, "pid": guest.pid, "guest": guest.name}
+
+
+def qemu_verdict(vmid: int, request: dict[str, Any]) -> list[str] | None:
+    """Real QEMU's verdict on the start's command line (lab.pve.qemu_check): None, or QEMU's stderr lines.
+    Raises QemuCmdlineError for a config qemu-server could not turn into a command line."""
+    conf = {str(k): str(v) for k, v in dict(request.get("config") or {}).items()}
+    devices = [
+        HostPci(int(d["hostpci"]), tuple(d["functions"]), d.get("vendors") or {}, d.get("classes") or {})
+        for d in request.get("devices", [])
+    ]
+    return qemu_check.verdict(vmid, conf, devices)
 
 
 def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[str, Any]:

@@ -6,15 +6,18 @@ guests.
 - `/usr/bin/pct`: lab/pve/pct.py, the STAND-IN for Proxmox's pct (`pct exec` only);
   each as a module in `/usr/lib/pvegpu-lab/` and a launcher that imports it, so that the node's python caches
   its bytecode: run as a script, the 3,000-line pvesh was compiled on every call (~50 ms of the node's CPU,
-  four times in a no-op site run);
+  four times in a no-op site run); beside them the modules they import: lab/pve/access.py (the STAND-IN for
+  Proxmox's access control) and lab/pve/pveproxy.py (the STAND-IN for its HTTPS API server);
 - `/usr/bin/pveversion`: a STAND-IN printing the release the pvesh stand-in reports;
 - `/etc/pvegpu-lab/pve.json`: the stand-ins' settings (node name, the node's sysfs root, the hypervisor
   request directory);
 - `/etc/pve/nodes/<name>/qemu-server` and `.../lxc`, with `/etc/pve/qemu-server` and `/etc/pve/lxc` links
   to them, as pmxcfs shows a node its own guests' configs;
-and starts `python -m lab.pve.hypervisor` as the host's companion (stopped by `lab down NAME`, which also
-stops the VM guests and container hosts it started), which also serves the lab's cloud images to the node
-(lab.images: `image_url`); `up` returns once that server answers.
+plus the HTTPS API's certificate, the pvegpu user, token, role and ACLs (lab/pve/api_setup.py); starts the
+pveproxy stand-in inside the node (port 8006; it ends with the node) and `python -m lab.pve.hypervisor` as
+the host's companion (stopped by `lab down NAME`, which also stops the VM guests and container hosts it
+started), which also serves the lab's cloud images to the node (lab.images: `image_url`); `up` returns once
+both answer.
 
 Which lab hosts are what (for inventories): a Proxmox node's state directory holds `pve-node.json` (the
 stand-ins' settings), a VM guest's holds `pve-guest.json` (`{"node", "vmid", "os", "esp", "cloud_init",
@@ -34,9 +37,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lab import hosts, images
+from lab.pve import api_setup
 
 PVESH = Path(__file__).with_name("pvesh.py")
 PCT = Path(__file__).with_name("pct.py")
+# Modules the stand-ins import (by these names: a stand-in run as a script finds its siblings).
+LIBRARIES = tuple(Path(__file__).with_name(name) for name in ("access.py", "pveproxy.py"))
 STANDIN_DIR = "usr/lib/pvegpu-lab"  # the stand-ins' modules, in the node's root
 # The launcher of a stand-in (`{module}`: its module in STANDIN_DIR).
 LAUNCHER = """#!/usr/bin/python3
@@ -71,8 +77,10 @@ def settings(host: hosts.LabHost) -> dict[str, object]:
 def install(host: hosts.LabHost) -> None:
     modules = host.root / STANDIN_DIR
     modules.mkdir(parents=True, exist_ok=True)
+    for library in LIBRARIES:
+        shutil.copyfile(library, modules / library.name)
     for source, name in ((PVESH, "pvesh"), (PCT, "pct")):
-        module = f"{name}_standin"
+        module = name  # its sibling modules import it by its name
         shutil.copyfile(source, modules / f"{module}.py")
         target = host.root / "usr/bin" / name
         target.write_text(LAUNCHER.format(command=name, directory=STANDIN_DIR, module=module))
@@ -90,6 +98,7 @@ def install(host: hosts.LabHost) -> None:
     pveversion.write_text(PVEVERSION)
     pveversion.chmod(0o755)
     (host.state_dir / NODE_RECORD).write_text(json.dumps(settings(host), indent=1, sort_keys=True) + "\n")
+    api_setup.install(host)
 
 
 Role = Literal["pve", "guest", "container"]
@@ -125,6 +134,7 @@ def up(
     host = hosts.up(name, topology, mode)
     try:
         install(host)
+        api_setup.start(host)
         argv = [sys.executable, "-m", "lab.pve.hypervisor", name, str(host.state_dir)]
         hosts.start_companion(name, [*argv, "--guest-mode", guest_mode])
         _wait_for_images(host)

@@ -42,7 +42,10 @@ pvegpu makes, the way `pvesh` does (shared/knowledge/proxmox-api-behaviour.md is
 - VM start request to the lab hypervisor: {"action": "start", "vmid", "name", "machine" (conf or
   "pc"), "bios" (conf or "seabios"), "mac" (net0's), "devices", "disk": null | {"key", "volume", "path"
   (data file, a path on the node)}, "cloud_init": null | {"user_data", "ipconfig0", "hostname", "mac"
-  (net0's)}}; an answer's `"guest": null` (nothing boots) still leaves the VM running;
+  (net0's)}, "config" (the VM's config as started: the hypervisor builds QEMU's command line from it)};
+  each device: {"hostpci", "pcie", "functions", "vendors", "classes" (each function's sysfs values)}; an
+  answer's `"guest": null` (nothing boots) still leaves the VM running; a refusal's `log` lines (QEMU's
+  stderr) go to the task log before its `start failed: <error>`;
 - guest agent (`agent` must be set, the VM running, the agent "running": the hypervisor's
   <root>/var/lib/pvegpu-lab/agent/<vmid>.json): `GET .../agent/network-get-interfaces` answers that file;
   `GET .../agent/get-fsinfo` (answers `{"result": <result>}`), `GET .../agent/file-read` (`file`, `count`,
@@ -57,19 +60,33 @@ State lives in Proxmox's file formats under the configured root: /etc/pve/mappin
 the configured sysfs root. A VM start runs the VM's `hookscript` (`pre-start`, validated like
 check_hookscript, its output in the task log, a non-zero exit refusing the start), then checks every mapped
 path against that sysfs like Proxmox does, then asks the lab hypervisor (lab/pve/hypervisor.py, outside
-the node) to bring the guest lab host up; a CT start checks every `devN` device node, then asks it to bring
-the container lab host up. Stops ask it to stop them.
+the node) to bring the guest lab host up (it first has real QEMU parse the command line qemu-server would
+build: lab/pve/qemu_check.py; a refusal fails the start); a CT start checks every `devN` device node, then
+asks it to bring the container lab host up. Stops ask it to stop them.
+
+Permissions: a call is made by `Call.rpcenv.user` (access.py's RpcEnv): root@pam under pvesh (every check
+passes), the API token under the pveproxy stand-in (`call_api`). Each endpoint's `permissions` clause
+(`PERMISSIONS`) is checked before its parameters; the handlers check what qemu-server, pve-container,
+pve-storage and pve-manager check inside (`check_vm_modify_config_perm`: keys outside its lists, e.g.
+`hookscript`, `args`, `hugepages`, `affinity`, `lock`, are root@pam's only on create, update and delete;
+`check_hostpci_perm`: `host=` root's only, `mapping=` Mapping.Use; `skiplock` root's only; storage and
+volume access; a CT's `devN` and `hookscript` root's only; other users' tasks need Sys.Audit); each accepted
+guest config write is logged (`<user> <METHOD> <path> <keys>`) in /var/log/pvegpu-lab/api-writes.log. The
+UPID's user is the caller (a token: `user@realm!name`; its task status splits it into `user` and
+`tokenid`). `GET /access/permissions` answers as pve-access-control does.
 
 Settings: JSON file $PVEGPU_LAB_PVE_CONFIG (default /etc/pvegpu-lab/pve.json), keys: node (required),
 sysfs_root ("/sys"), root ("/": prefix of every state path), hypervisor_dir (null: VMs only change state),
 hypervisor_timeout_s (180), version ("9.0.3"), release ("9.0"). The storages are storage.cfg's.
 
 Not modelled: other endpoints and options (e.g. VM create's `start`, `pool`; unpacking a CT's template: the
-container lab host is a Debian root, whatever `ostemplate` says), permissions
-(pvesh runs as root@pam), proxying to other nodes, HA, hotplug (a running VM keeps every change but
+container lab host is a Debian root, whatever `ostemplate` says), pools and their permissions, proxying
+to other nodes, HA, hotplug (a running VM keeps every change but
 name/description/onboot/tags/protection pending), PCI vendor/device names, output formats other than
-json/json-pretty (the default prints json-pretty), a real QEMU process (a running VM is
-/run/qemu-server/<vmid>.pid holding the guest lab host's PID); storage: other storage types' volumes
+json/json-pretty (the default prints json-pretty), a real QEMU process (a running VM is a
+placeholder process in the node, argv `/usr/bin/kvm ... -id <vmid> -pidfile /var/run/qemu-server/<vmid>.pid`
+over python3, that wrote its bare PID to that pidfile and lives while the file names it: what qemu-server's
+`check_running` reads); storage: other storage types' volumes
 (LVM, ZFS: files under /var/lib/pvegpu-lab/volumes), `nodes` restrictions, backups in content listings,
 creating/deleting storages, download-url's image check (`qemu-img info` on an `import` file) and its
 `zst`/`lzo` decompression; import-from: `qemu-img convert` (the data file is copied as is), another VM's
@@ -80,12 +97,14 @@ meta-data, `cipassword` hashing; agent commands other than those above.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import ipaddress
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -96,24 +115,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING or __package__:
+    from lab.pve import access
+else:  # a script (/usr/bin/pvesh's launcher, the tests): access.py lies beside it
+    import access
 
 CONFIG_ENV = "PVEGPU_LAB_PVE_CONFIG"
 DEFAULT_CONFIG = "/etc/pvegpu-lab/pve.json"
-USER = "root@pam"
 HELP = """\
 pvesh - the pvegpu lab's STAND-IN for Proxmox VE's pvesh (not Proxmox; see /usr/bin/pvesh's docstring)
 
 USAGE: pvesh <get|set|create|delete> <api_path> [OPTIONS] [--output-format json|json-pretty]
 
-Endpoints: /version, /cluster/mapping/pci[/{id}], /storage[/{storage}], /nodes/{node}/qemu,
-/nodes/{node}/qemu/{vmid} (delete), /nodes/{node}/qemu/{vmid}/config,
+Endpoints: /version, /access/permissions, /cluster/mapping/pci[/{id}], /storage[/{storage}],
+/nodes/{node}/qemu, /nodes/{node}/qemu/{vmid} (delete), /nodes/{node}/qemu/{vmid}/config,
 /nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},
 /nodes/{node}/qemu/{vmid}/resize,
 /nodes/{node}/qemu/{vmid}/agent/{network-get-interfaces|get-fsinfo|file-read|file-write|exec|exec-status},
 /nodes/{node}/storage/{storage}/{content|download-url},
 /nodes/{node}/lxc[/{vmid}/config|/{vmid}/status/{current|start|stop}],
-/nodes/{node}/tasks, /nodes/{node}/tasks/{upid}/status
+/nodes/{node}/tasks, /nodes/{node}/tasks/{upid}/status, /nodes/{node}/tasks/{upid}/log
 """
 CMDS = {"get": "GET", "set": "PUT", "create": "POST", "delete": "DELETE"}
 Json = Any
@@ -200,6 +223,7 @@ HOSTPCI_PCI = r"(?:[a-f0-9]{4,}:)?[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
 CONFIGID = re.compile(r"[a-z][a-z0-9_-]+", re.IGNORECASE)
 NODE = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?")
 VMID = re.compile(r"[1-9][0-9]{2,8}")
+USERID_OR_TOKEN = rf"{access.USER_RE}@{access.REALM_RE}(?:!{access.REALM_RE})?"  # $userid_or_token_regex
 MACHINE = (
     r"(pc|pc(-i440fx)?-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?|q35|pc-q35-\d+(\.\d+)+(\+pve\d+)?(\.pxe)?"
     r"|virt(?:-\d+(\.\d+)+)?(\+pve\d+)?)"
@@ -629,10 +653,13 @@ class Endpoint:
 
 @dataclass
 class Call:
+    """One API call: `rpcenv` says who makes it (root@pam under pvesh; the API token under pveproxy)."""
+
     settings: Settings
     path_params: dict[str, str]
     params: dict[str, Any]
     out: list[str] = field(default_factory=list)
+    rpcenv: access.RpcEnv = field(default_factory=access.RpcEnv)
 
 
 FORMAT_OPTIONS = {"output-format", "noproxy", "human-readable", "noborder", "noheader", "quiet"}
@@ -1024,7 +1051,8 @@ def pci_device_info(settings: Settings, address: str) -> dict[str, Any] | None:
 
 
 def assert_valid(settings: Settings, name: str, entry: dict[str, str], section: Section | None) -> None:
-    """PVE::Mapping::PCI::assert_valid: raises DieError with Proxmox's text (ending in "\\n")."""
+    """PVE::Mapping::PCI::assert_valid: raises DieError with Proxmox's text (ending in "\\n"). Each of the
+    line's `;`-separated paths is checked (one device set: one alternative), the IOMMU group on the first."""
     for idx, path in enumerate(entry["path"].split(";")):
         address = path if "." in path else f"{path}.0"
         info = pci_device_info(settings, address)
@@ -1084,16 +1112,23 @@ def task_log_path(settings: Settings, upid: str, starttime: str) -> Path:
 def run_task(
     call: Call, task_type: str, task_id: str, worker: Callable[[Callable[[str], None]], None]
 ) -> str:
-    """fork_worker under pvesh (sync): worker output to stdout and the log; returns the UPID."""
+    """fork_worker under pvesh (sync): worker output to stdout and the log; returns the UPID. A worker line
+    `WARN: <text>` is a warning (RESTEnvironment `warn`, `log_warn`): a task that logged N of them and did
+    not die ends `TASK WARNINGS: N`, which pve-common's UPID.pm `status_is_error` counts as success."""
     settings = call.settings
     pid = os.getpid()
     starttime = f"{int(time.time()):08X}"
-    upid = f"UPID:{settings.node}:{pid:08X}:{_pstart(pid):08X}:{starttime}:{task_type}:{task_id}:{USER}:"
+    user = call.rpcenv.user  # the UPID names who started the task (a token: `user@realm!name`)
+    upid = f"UPID:{settings.node}:{pid:08X}:{_pstart(pid):08X}:{starttime}:{task_type}:{task_id}:{user}:"
     log_path = task_log_path(settings, upid, starttime)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text("")  # the log exists while the task runs: a killed worker leaves it unfinished
 
+    warnings = 0
+
     def emit(line: str) -> None:
+        nonlocal warnings
+        warnings += line.startswith("WARN: ")
         with log_path.open("a") as log:
             log.write(line + "\n")
         sys.stdout.write(line + "\n")
@@ -1101,7 +1136,8 @@ def run_task(
     status = "OK"
     try:
         worker(emit)
-        ending = "TASK OK\n"
+        ending = f"TASK WARNINGS: {warnings}\n" if warnings else "TASK OK\n"
+        status = f"WARNINGS: {warnings}" if warnings else status
     except DieError as error:
         # fork_worker: chomp one "\n", then every remaining "\n" becomes a space.
         message = error.text[:-1] if error.text.endswith("\n") else error.text
@@ -1124,6 +1160,8 @@ def get_task_status(call: Call) -> Json:
     log_path = task_log_path(call.settings, upid, start_hex)
     if not log_path.is_file():
         raise ParamError({"upid": "no such task"})
+    if not _owns_task(call.rpcenv, user):  # Tasks.pm read_task_status
+        call.rpcenv.check(call.rpcenv.user, f"/nodes/{call.path_params.get('node', node)}", ("Sys.Audit",))
     pid, pstart = int(pid_hex, 16), int(pstart_hex, 16)
     try:
         running = _pstart(pid) == pstart and pid != os.getpid()
@@ -1140,6 +1178,8 @@ def get_task_status(call: Call) -> Json:
         "user": user,
         "status": "running" if running else "stopped",
     }
+    if split := access.split_tokenid(user):  # Tasks.pm $convert_token_task
+        result["user"], result["tokenid"] = split
     if not running:
         lines = log_path.read_text().splitlines()
         last = lines[-1] if lines else ""
@@ -1154,16 +1194,44 @@ def get_task_status(call: Call) -> Json:
     return result
 
 
+def get_task_log(call: Call) -> Json:
+    """`GET /nodes/{node}/tasks/{upid}/log` (pve-manager API2/Tasks.pm read_task_log, PVE::Tools
+    dump_logfile): the log's lines as `{n, t}`, `n` counting from 1, from line `start` (0-based), at most
+    `limit` of them (50 by default, 0: all); the same checks as the task's status."""
+    upid = call.path_params["upid"]
+    match = UPID_RE.fullmatch(upid)
+    if not match:
+        raise ParamError({"upid": "unable to parse worker upid"})
+    node, _, _, _, start_hex, _, _, user = match.groups()
+    log_path = task_log_path(call.settings, upid, start_hex)
+    if not log_path.is_file():
+        raise ParamError({"upid": "no such task"})
+    if not _owns_task(call.rpcenv, user):
+        call.rpcenv.check(call.rpcenv.user, f"/nodes/{call.path_params.get('node', node)}", ("Sys.Audit",))
+    lines = log_path.read_text().splitlines()
+    start, limit = int(call.params.get("start", 0)), int(call.params.get("limit", 50))
+    shown = lines[start:] if limit == 0 else lines[start : start + limit]
+    return [{"n": start + index + 1, "t": line} for index, line in enumerate(shown)]
+
+
+def _owns_task(rpcenv: access.RpcEnv, task_user: str) -> bool:
+    """Tasks.pm $check_task_user: a token sees its own tasks, a user its own and its tokens'."""
+    split = access.split_tokenid(task_user)
+    return rpcenv.user == task_user or (split is not None and rpcenv.user == split[0])
+
+
 def list_tasks(call: Call) -> Json:
     """`GET /nodes/{node}/tasks`: every task with a log, newest first; an ended one (its log has a `TASK`
     line, or its process is gone) with `status` (its exit status, as the status endpoint gives it) and
     `endtime` (the log's mtime). Filters: `vmid`, `typefilter`, `limit` (default 50); `source` is accepted,
     every task being listed (this stand-in keeps no separate active list)."""
     tasks = []
+    rpcenv = call.rpcenv
+    auditor = rpcenv.check(rpcenv.user, f"/nodes/{call.path_params['node']}", ("Sys.Audit",), noerr=True)
     for log_path in call.settings.path("/var/log/pve/tasks").glob("*/UPID:*"):
         upid = log_path.name
         match = UPID_RE.fullmatch(upid)
-        if match is None:
+        if match is None or not (auditor or _owns_task(rpcenv, match.group(8))):
             continue
         task = get_task_status(Call(call.settings, {"upid": upid}, {}))
         if "vmid" in call.params and task["id"] != str(call.params["vmid"]):
@@ -1171,8 +1239,13 @@ def list_tasks(call: Call) -> Json:
         if call.params.get("typefilter") not in (None, task["type"]):
             continue
         entry = {
-            key: task[key] for key in ("upid", "node", "pid", "pstart", "starttime", "type", "id", "user")
+            key: task[key]
+            for key in ("upid", "node", "pid", "pstart", "starttime", "type", "id", "user", "tokenid")
+            if key in task
         }
+        if task["status"] != "stopped":  # an active task: its user as the UPID has it
+            entry["user"] = match.group(8)
+            entry.pop("tokenid", None)
         if task["status"] == "stopped":
             entry.update(status=task["exitstatus"], endtime=int(log_path.stat().st_mtime))
         tasks.append(entry)
@@ -1186,6 +1259,23 @@ def list_tasks(call: Call) -> Json:
 def get_version(call: Call) -> Json:
     s = call.settings
     return {"release": s.release, "repoid": sha1(s.version.encode())[:8], "version": s.version}
+
+
+def get_access_permissions(call: Call) -> Json:
+    """API2/AccessControl.pm permissions: `userid`'s (default: the caller's) privileges, path ->
+    {privilege: propagate (1/0)}, on `path` or on every path that matters (get_effective_permissions);
+    another user's (but one's own tokens') needs Sys.Audit on /access."""
+    authid = call.rpcenv.user
+    userid = call.params.get("userid", authid)
+    owner = access.split_tokenid(userid)
+    if userid != authid and (owner is None or owner[0] != authid):
+        call.rpcenv.check(authid, "/access", ("Sys.Audit",))
+    rpcenv = access.RpcEnv(authid, access.read_user_cfg(call.settings.root))
+    if "path" in call.params:
+        found = {call.params["path"]: rpcenv.permissions(userid, call.params["path"])}
+    else:
+        found = rpcenv.effective_permissions(userid)
+    return {path: {priv: int(prop) for priv, prop in privs.items()} for path, privs in found.items()}
 
 
 # --- endpoints: cluster PCI mappings -------------------------------------------------------------------
@@ -1210,7 +1300,11 @@ def list_mappings(call: Call) -> Json:
     if check_node is not None:
         _local_node(call.settings, check_node)
     result = []
+    rpcenv = call.rpcenv  # Mapping/PCI.pm index: only the ids with Mapping.Modify, Use or Audit
+    privs = ("Mapping.Modify", "Mapping.Use", "Mapping.Audit")
     for section in sections:
+        if not rpcenv.check_any(rpcenv.user, f"/mapping/pci/{section.id}", privs, noerr=True):
+            continue
         entry = {"id": section.id, "digest": digest, **_section_json(section)}
         if check_node is not None:
             checks = []
@@ -1309,7 +1403,13 @@ def _storage_json(storage: Storage, digest: str) -> dict[str, Any]:
 def list_storages(call: Call) -> Json:
     storages, digest = _storage_state(call.settings)
     wanted = call.params.get("type")
-    return [_storage_json(s, digest) for s in storages if wanted in (None, s.type)]
+    rpcenv = call.rpcenv  # Config.pm index: only storages with Datastore.Audit or AllocateSpace
+    privs = ("Datastore.Audit", "Datastore.AllocateSpace")
+    return [
+        _storage_json(s, digest)
+        for s in storages
+        if wanted in (None, s.type) and rpcenv.check_any(rpcenv.user, f"/storage/{s.id}", privs, noerr=True)
+    ]
 
 
 def get_storage(call: Call) -> Json:
@@ -1390,7 +1490,17 @@ def list_storage_content(call: Call) -> Json:
         else:
             continue
         result.extend(items)
+    if not call.rpcenv.is_root:  # Content.pm index: each volume the caller may access
+        result = [item for item in result if _may_access(call, item["volid"])]
     return sorted(result, key=lambda item: item["volid"].lower())
+
+
+def _may_access(call: Call, volid: str) -> bool:
+    try:
+        check_volume_access(call, volid, None)
+    except (DieError, access.PermissionDenied):
+        return False
+    return True
 
 
 def _list_images(settings: Settings, storage: Storage, vmid: str | None) -> list[dict[str, Any]]:
@@ -1499,7 +1609,9 @@ def download_url(call: Call) -> Json:
     content = params["content"]
     if content not in storage.content:
         raise DieError(f"storage '{storage.id}' is not configured for content-type '{content}'\n")
-    filename = re.sub(r"[^a-zA-Z0-9_.-]", "_", re.sub(r"^.*[/\\]", "", params["filename"].rstrip("\n")))
+    # PVE::Storage::normalize_content_filename: chomp, the part after the last (back)slash, then every
+    # character outside [a-zA-Z0-9_.-] made `_`; the file (and its volume) has that name.
+    filename = re.sub(r"[^a-zA-Z0-9_.-]", "_", re.sub(r"^.*[/\\]", "", params["filename"].removesuffix("\n")))
     if content == "iso" and not re.search(rf"[^/]+{ISO_EXT}$", filename, re.IGNORECASE):
         raise ParamError({"filename": "wrong file extension"})
     if content == "vztmpl" and not re.search(rf"[^/]+{VZTMPL_EXT}$", filename, re.IGNORECASE):
@@ -1679,12 +1791,149 @@ def _qemu_extra(name: str) -> P | None:
     return config_key_schema(name, QEMU_KEYS, QEMU_INDEXED)
 
 
+QEMU_RUN_DIR = "/var/run/qemu-server"  # qemu-server Helpers.pm $var_run_tmpdir (vm_pidfile_name)
+QEMU_RECORD_DIR = "/var/lib/pvegpu-lab/qemu"  # the stand-in's own: <vmid>.json, start time and machine
+# The running VM's process: python3 named /usr/bin/kvm (qemu-server's parse_cmdline wants `kvm$` or
+# `qemu-*`), writing its PID to the pidfile as QEMU's -pidfile does, alive while the file names it. One line
+# (parse_cmdline reads /proc/<pid>/cmdline as a line).
+_PLACEHOLDER = (
+    "import os,time;f={path!r};t=f+'.tmp';open(t,'w').write('%d\\n'%os.getpid());os.replace(t,f);"
+    "any(time.sleep(1) for _ in iter(lambda:open(f).read()=='%d\\n'%os.getpid(),False))"
+)
+
+
+def qemu_pidfile(vmid: str) -> str:
+    """PVE::QemuServer::Helpers::vm_pidfile_name."""
+    return f"{QEMU_RUN_DIR}/{vmid}.pid"
+
+
 def _running_path(call: Call) -> Path:
-    return call.settings.path(f"/run/qemu-server/{call.path_params['vmid']}.pid")
+    return call.settings.path(qemu_pidfile(call.path_params["vmid"]))
+
+
+def _record_path(call: Call) -> Path:
+    return call.settings.path(f"{QEMU_RECORD_DIR}/{call.path_params['vmid']}.json")
+
+
+def qemu_running_pid(settings: Settings, vmid: str) -> int | None:
+    """PVE::QemuServer::Helpers `instance_running_locally` (via `vm_running_locally`): the PID the VM's
+    pidfile holds (a first line of digits) when /proc/<pid>/cmdline (read as one line, split at NUL) is a
+    `kvm`/`qemu-*` command whose `-pidfile` is that pidfile and /proc/<pid>/stat is not a zombie's; else
+    None."""
+    pidfile = qemu_pidfile(vmid)
+    try:
+        first = settings.path(pidfile).read_text().split("\n")[0]
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not re.fullmatch(r"[0-9]+", first):
+        return None
+    try:
+        params = Path(f"/proc/{first}/cmdline").read_bytes().split(b"\n")[0].split(b"\0")
+        state = Path(f"/proc/{first}/stat").read_text().rpartition(") ")[2].split(" ")[0]
+    except OSError:
+        return None
+    command = params[0].decode(errors="replace")
+    if not re.search(r"kvm$", command) and not re.search(r"(?:^|/)qemu-[^/]+$", command):
+        return None
+    options: dict[str, str | None] = {}
+    pending: str | None = None
+    for raw in params:
+        param = raw.decode(errors="replace")
+        if not param or param == "0":
+            continue  # Perl's `next if !$p`
+        if option := re.fullmatch(r"--?(.*)", param, re.DOTALL):
+            if pending is not None:
+                options[pending] = None
+            pending = option.group(1)
+        elif pending is not None:
+            options[pending], pending = param, None
+    if options.get("pidfile") != pidfile or state in ("", "Z"):
+        return None
+    return int(first)
 
 
 def _is_running(call: Call) -> bool:
-    return _running_path(call).is_file()
+    return qemu_running_pid(call.settings, call.path_params["vmid"]) is not None
+
+
+def _start_placeholder(call: Call, name: str) -> int:
+    """The running VM's process (QEMU_RUN_DIR's comment), detached (its own session, reparented to the
+    node's init); returns its PID once it wrote the pidfile, as QEMU's -daemonize returns."""
+    vmid = call.path_params["vmid"]
+    path = _running_path(call)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["/usr/bin/kvm", "-c", _PLACEHOLDER.format(path=str(path)), "-id", vmid, "-name", name]
+    argv += ["-pidfile", qemu_pidfile(vmid), "-daemonize"]
+    read_end, write_end = os.pipe()
+    if os.fork() == 0:  # the child starts the process and exits: its parent becomes init
+        os.setsid()
+        child = subprocess.Popen(
+            argv,
+            executable=sys.executable,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        os.write(write_end, str(child.pid).encode())
+        os._exit(0)
+    os.close(write_end)
+    pid = int(os.read(read_end, 32) or b"0")
+    os.close(read_end)
+    os.wait()
+    deadline = time.monotonic() + 10
+    while qemu_running_pid(call.settings, vmid) != pid:
+        if time.monotonic() > deadline:
+            raise DieError(f"start failed: the VM process {pid} did not write {qemu_pidfile(vmid)}\n")
+        time.sleep(0.02)
+    return pid
+
+
+def _stop_placeholder(call: Call) -> None:
+    """End the running VM's process (SIGTERM) and wait until it is gone; QEMU removes its pidfile as it
+    exits, the stand-in does it for it."""
+    pid = qemu_running_pid(call.settings, call.path_params["vmid"])
+    _running_path(call).unlink(missing_ok=True)
+    _record_path(call).unlink(missing_ok=True)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2].split(" ")[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.02)
+
+
+@contextmanager
+def vm_config_locked(settings: Settings, vmid: str, timeout_s: float = 10.0) -> Iterator[None]:
+    """PVE::AbstractConfig `lock_config` (QemuConfig `config_file_lock`, 10 s): the VM's config lock, an
+    flock on /var/lock/qemu-server/lock-<vmid>.conf; PVE::Tools `lock_file_full`'s texts when it waits or
+    times out."""
+    name = f"/var/lock/qemu-server/lock-{vmid}.conf"
+    lock = settings.path(name)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            sys.stderr.write("trying to acquire lock...\n")
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise DieError(f"can't lock file '{name}' - got timeout\n") from None
+                    time.sleep(0.05)
+            sys.stderr.write(" OK\n")
+        yield
 
 
 def _config_keys(params: dict[str, Any]) -> dict[str, str]:
@@ -1958,6 +2207,7 @@ def create_qemu(call: Call) -> Json:
     call.path_params["vmid"] = vmid
     if "sshkeys" in call.params:
         validate_ssh_keys(call.params["sshkeys"])
+    check_qemu_create_perms(call, vmid, _config_keys(call.params))
     check_drives(settings, _config_keys(call.params))
     with locked(settings):
         for kind, folder in (("VM", QEMU_DIR), ("CT", LXC_DIR)):
@@ -1967,6 +2217,7 @@ def create_qemu(call: Call) -> Json:
                 )
         path = _guest_path(call, "qemu")
         write_atomic(path, "lock: create\n")
+    log_api_write(call, "POST", f"/nodes/{call.path_params['node']}/qemu", _config_keys(call.params), [])
 
     def worker(emit: Callable[[str], None]) -> None:
         conf = _config_keys(call.params)
@@ -1994,9 +2245,10 @@ def destroy_qemu(call: Call) -> Json:
     (<lock>)`: QemuServer::destroy_vm's check_lock), frees every volume its config (and pending section)
     names that it owns (not cdroms; its cloud-init drive is freed), with `destroy-unreferenced-disks` also
     every `vm-<vmid>-*` volume of an enabled storage, then removes the config. `skiplock` is root@pam's
-    only (`Only root may use this option.`): pvesh runs as root@pam, so it is always allowed here."""
+    only (`Only root may use this option.`)."""
     settings = call.settings
     vmid = call.path_params["vmid"]
+    check_root_params(call, ("skiplock",))
 
     def early_checks() -> GuestConfig:
         conf = _load_guest(call, "qemu")
@@ -2066,9 +2318,10 @@ def _config_update(call: Call, schema: Callable[[str], P | None]) -> tuple[dict[
     return changes, deletes
 
 
-def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
+def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912, PLR0915
     settings = call.settings
     vmid = call.path_params["vmid"]
+    check_root_params(call, ("skiplock",))
     if "sshkeys" in call.params:
         validate_ssh_keys(call.params["sshkeys"])
     changes, deletes = _config_update(call, _qemu_extra)
@@ -2081,12 +2334,15 @@ def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912
         if key in changes:
             raise ParamError({"delete": f"you can't use '-{key}' and -delete {key}' at the same time"})
     check_drives(settings, changes)
+    check_qemu_update_perms(call, vmid, changes, deletes)
     with locked(settings):
         conf = _load_guest(call, "qemu")
         if "digest" in call.params and call.params["digest"] != conf.digest:
             raise DieError("checksum mismatch (file change by other user?)\n")
         if "lock" in conf.main and not call.params.get("skiplock"):
             raise DieError(f"VM is locked ({conf.main['lock']})\n")
+        check_qemu_device_perms(call, vmid, conf, changes, deletes)
+        log_api_write(call, "PUT", f"/nodes/{call.path_params['node']}/qemu/{vmid}/config", changes, deletes)
         shown = {**changes, **({"delete": ",".join(deletes)} if deletes else {})}
         shown.update({"cipassword": "<hidden>"} if "cipassword" in shown else {})
         sys.stdout.write(f"update VM {vmid}: " + " ".join(f"-{k} {shown[k]}" for k in sorted(shown)) + "\n")
@@ -2151,8 +2407,8 @@ def get_qemu_status(call: Call) -> Json:
     if parse_boolean(values.get("agent", "0").split(",")[0].removeprefix("enabled=")) == 1:
         status["agent"] = 1
     if running:
-        record = json.loads(_running_path(call).read_text())
-        status["pid"] = record["pid"]
+        record = json.loads(_record_path(call).read_text())
+        status["pid"] = qemu_running_pid(call.settings, call.path_params["vmid"])
         status["uptime"] = max(0, int(time.time()) - record["started"])
         status["running-machine"] = record["machine"]
         status["running-qemu"] = "9.2.0"
@@ -2167,8 +2423,7 @@ def _passthrough(call: Call, conf: dict[str, str]) -> list[dict[str, Any]]:
     keys = sorted((k for k in conf if re.fullmatch(r"hostpci\d+", k)), key=lambda k: int(k[7:]))
     if keys and not any((settings.sysfs_root / "class/iommu").glob("*")):
         raise DieError("cannot prepare PCI pass-through, IOMMU not present\n")
-    used: set[str] = set()
-    devices = []
+    parsed: list[tuple[str, bool, list[list[str]]]] = []
     for key in keys:
         entry = parse_property_string(P(props=HOSTPCI_FMT, default_key="host"), conf[key])
         if "host" in entry and "mapping" in entry:
@@ -2196,15 +2451,52 @@ def _passthrough(call: Call, conf: dict[str, str]) -> list[dict[str, Any]]:
                 alternatives.append(line["path"].split(";"))
         else:
             alternatives.append(entry["host"].split(";"))
-        chosen = next((p for alt in alternatives for p in alt if p not in used), None)
-        if chosen is None:
-            raise DieError(f"could not find a free device for '{key}'\n")
-        used.add(chosen)
-        functions = slot_functions(settings, chosen)
-        if not functions:
-            raise DieError(f"no PCI device found for '{chosen}'\n")
-        devices.append({"hostpci": int(key[7:]), "pcie": pcie, "functions": functions})
+        parsed.append((key, pcie, [_alternative_functions(settings, paths) for paths in alternatives]))
+    used: set[str] = set()
+    devices = []
+    for key, pcie, options in parsed:
+        functions = _chosen(key, options, used)
+        sysfs = settings.sysfs_root / "bus/pci/devices"
+        devices.append(
+            {
+                "hostpci": int(key[7:]),
+                "pcie": pcie,
+                "functions": functions,
+                # for the lab's QEMU check of vfio's clique rule (lab/pve/qemu_check.py)
+                "vendors": {f: _attr(sysfs / f, "vendor") for f in functions},
+                "classes": {f: _attr(sysfs / f, "class") for f in functions},
+            }
+        )
     return devices
+
+
+def _alternative_functions(settings: Settings, paths: list[str]) -> list[str]:
+    """PCI.pm parse_hostpci: an alternative (one map line, or `host`) is every function of ALL its
+    `;`-separated paths, passed together (the node's map lines are the alternatives)."""
+    functions: list[str] = []
+    for path in paths:
+        found = slot_functions(settings, path)
+        if not found:
+            raise DieError(f"no PCI device found for '{path}'\n")
+        functions += found
+    return functions
+
+
+def _chosen(key: str, options: list[list[str]], used: set[str]) -> list[str]:
+    """PCI.pm choose_hostpci_devices: the only alternative, or the first whose functions are all free;
+    the chosen functions join `used`."""
+    if len(options) == 1:
+        taken = next((function for function in options[0] if function in used), None)
+        if taken is not None:
+            raise DieError(f"device '{taken}' assigned more than once\n")
+        chosen = options[0]
+    else:
+        free = [option for option in options if not used.intersection(option)]
+        if not free:
+            raise DieError(f"could not find a free device for '{key}'\n")
+        chosen = free[0]
+    used.update(chosen)
+    return chosen
 
 
 def _numa_nodes(settings: Settings, conf: dict[str, str]) -> None:
@@ -2237,10 +2529,15 @@ def _numa_nodes(settings: Settings, conf: dict[str, str]) -> None:
         raise DieError("total memory for NUMA nodes must be equal to vm static memory\n")
 
 
-def _hypervisor(call: Call, request: dict[str, Any], failure: str = "start failed: ") -> dict[str, Any]:
+def _hypervisor(
+    call: Call,
+    request: dict[str, Any],
+    failure: str = "start failed: ",
+    emit: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Ask the lab hypervisor (outside the node) to start/stop a VM's guest or a CT's container host, or
     to run a guest agent command; wait for its answer (requests: lab/pve/hypervisor.py). A refusal fails
-    with `<failure><error>`."""
+    with `<failure><error>`, its `log` lines (QEMU's stderr, as run_command passes it on) to `emit` first."""
     settings = call.settings
     if settings.hypervisor_dir is None:
         return {"ok": True, "pid": os.getpid()}
@@ -2258,6 +2555,9 @@ def _hypervisor(call: Call, request: dict[str, Any], failure: str = "start faile
     answer: dict[str, Any] = json.loads(answer_path.read_text())
     answer_path.unlink()
     if not answer.get("ok"):
+        if emit is not None:
+            for line in answer.get("log", []):
+                emit(line)
         raise DieError(f"{failure}{answer.get('error', 'lab hypervisor failed')}\n")
     return answer
 
@@ -2379,8 +2679,14 @@ def _net0_mac(conf: dict[str, str]) -> str | None:
 
 def start_qemu(call: Call) -> Json:
     vmid = call.path_params["vmid"]
+    check_root_params(call, ("skiplock",))
 
     def worker(emit: Callable[[str], None]) -> None:
+        # qemu-server vm_start: everything below, the pre-start hook included, under lock_config($vmid).
+        with vm_config_locked(call.settings, vmid):
+            start_locked(emit)
+
+    def start_locked(emit: Callable[[str], None]) -> None:
         with locked(call.settings):
             if not _guest_path(call, "qemu").is_file():
                 raise DieError(
@@ -2398,8 +2704,9 @@ def start_qemu(call: Call) -> Json:
             cloud_init = _cloud_init(call.settings, vmid, staged.main)
             if conf.pending:
                 write_atomic(_guest_path(call, "qemu"), write_guest_config(staged, "[PENDING]"))
-        # vm_start_nolock runs the pre-start hook here, before it checks the mappings; outside the stand-in's
-        # one lock (Proxmox holds only the VM's config lock), as the hook may write a mapping.
+        # vm_start_nolock runs the pre-start hook here, before it checks the mappings: under the VM's config
+        # lock (a hook that changes its VM's config waits for it, as on Proxmox) but outside the stand-in's
+        # one write lock (Proxmox's cfs lock of pci.cfg is another), as the hook may write a mapping.
         exec_hookscript(call.settings, staged.main, vmid, "pre-start", emit)
         with locked(call.settings):
             devices = _passthrough(call, staged.main)
@@ -2416,20 +2723,24 @@ def start_qemu(call: Call) -> Json:
             "disk": disk,
             "cloud_init": cloud_init,
             "mac": _net0_mac(staged.main),
+            "config": staged.main,  # the lab hypervisor builds QEMU's command line from it
         }
-        answer = _hypervisor(call, request)
+        answer = _hypervisor(call, request, emit=emit)
         record = {
-            "pid": answer["pid"],
+            "guest_pid": answer["pid"],  # the lab host's, outside the node
             "started": int(time.time()),
             "machine": "pc-q35-9.2+pve1" if "q35" in machine else "pc-i440fx-9.2+pve1",
         }
-        write_atomic(_running_path(call), json.dumps(record))
+        _record_path(call).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(_record_path(call), json.dumps(record))
+        _start_placeholder(call, str(staged.main.get("name", f"VM {vmid}")))
 
     return run_task(call, "qmstart", vmid, worker)
 
 
 def stop_qemu(call: Call, task_type: str) -> Json:
     vmid = call.path_params["vmid"]
+    check_root_params(call, ("skiplock", "keepActive"))
 
     def worker(_emit: Callable[[str], None]) -> None:
         if not _guest_path(call, "qemu").is_file():
@@ -2439,7 +2750,7 @@ def stop_qemu(call: Call, task_type: str) -> Json:
         if not _is_running(call):
             return
         _hypervisor(call, {"action": "stop", "vmid": int(vmid)})
-        _running_path(call).unlink(missing_ok=True)
+        _stop_placeholder(call)
 
     return run_task(call, task_type, vmid, worker)
 
@@ -2448,6 +2759,7 @@ def resize_qemu(call: Call) -> Json:
     """API2/Qemu.pm `resize_vm` (task `resize`): grows the disk's volume and records `size=`. The stand-in's
     volume size is the `size=` its config records (else the data file's image size)."""
     vmid, key, text = call.path_params["vmid"], call.params["disk"], call.params["size"]
+    check_root_params(call, ("skiplock",))
 
     def worker(_emit: Callable[[str], None]) -> None:
         with locked(call.settings):
@@ -2462,6 +2774,8 @@ def resize_qemu(call: Call) -> Json:
             if drive.is_cdrom:
                 raise DieError("you can't resize a cdrom\n")
             volume = parse_volume(call.settings, drive.file)
+            rpcenv = call.rpcenv
+            rpcenv.check(rpcenv.user, f"/storage/{volume.storage.id}", ("Datastore.AllocateSpace",))
             data = call.settings.path(volume.file)
             size = parse_size(drive.options.get("size", "")) if "size" in drive.options else None
             if size is None and data.is_file():
@@ -2566,6 +2880,11 @@ def update_lxc_config(call: Call) -> Json:
             raise DieError("detected modified configuration - file changed by other user? Try again.\n")
         if "lock" in conf.main:
             raise DieError(f"CT is locked ({conf.main['lock']})\n")
+        unprivileged = bool(parse_boolean(conf.main.get("unprivileged", "0")))
+        check_ct_modify_config_perm(call, call.path_params["vmid"], {}, deletes, unprivileged)
+        check_ct_modify_config_perm(call, call.path_params["vmid"], changes, [], unprivileged)
+        where = f"/nodes/{call.path_params['node']}/lxc/{call.path_params['vmid']}/config"
+        log_api_write(call, "PUT", where, changes, deletes)
         if "unprivileged" in changes:
             raise DieError("unable to modify read-only option: 'unprivileged'\n")
         for key, value in changes.items():
@@ -2590,6 +2909,7 @@ def create_lxc(call: Call) -> Json:
     call.path_params["vmid"] = vmid
     if "ostemplate" not in call.params:
         raise ParamError({"ostemplate": "property is missing and it is not optional"})
+    check_lxc_create_perms(call, vmid, _config_keys(call.params))
     with locked(settings):
         for kind, folder in (("VM", QEMU_DIR), ("CT", LXC_DIR)):
             if settings.path(f"{folder}/{vmid}.conf").exists():
@@ -2597,6 +2917,7 @@ def create_lxc(call: Call) -> Json:
         path = _guest_path(call, "lxc")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, "lock: create\n")
+    log_api_write(call, "POST", f"/nodes/{call.path_params['node']}/lxc", _config_keys(call.params), [])
 
     def worker(emit: Callable[[str], None]) -> None:
         conf = _config_keys(call.params)
@@ -2663,6 +2984,7 @@ def start_lxc(call: Call) -> Json:
     hypervisor starts the container lab host with those device nodes; its refusal fails the task with
     `start failed: <message>`. The stand-in records the container as running (its status)."""
     vmid = call.path_params["vmid"]
+    check_root_params(call, ("skiplock",))
     conf = _load_guest(call, "lxc")
     if _lxc_running_path(call).is_file():
         raise DieError(f"CT {vmid} already running\n")
@@ -2685,6 +3007,7 @@ def start_lxc(call: Call) -> Json:
 def stop_lxc(call: Call) -> Json:
     """`vzstop` (§6.4): `CT <vmid> not running` before the fork."""
     vmid = call.path_params["vmid"]
+    check_root_params(call, ("skiplock",))
     _load_guest(call, "lxc")
     if not _lxc_running_path(call).is_file():
         raise DieError(f"CT {vmid} not running\n")
@@ -2707,6 +3030,308 @@ def _check_device(settings: Settings, value: str) -> None:
         raise DieError(f"Device {path} does not exist\n") from None
     if not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)):
         raise DieError(f"{path} is not a device\n")
+
+
+# --- permissions (qemu-server API2/Qemu.pm, pve-container LXC.pm, pve-storage Storage.pm) ------------------
+# Under pvesh the caller is root@pam and every check passes; under the pveproxy stand-in it is an API token.
+
+ROOT_ONLY_OPTION = "Only root may use this option."
+API_WRITES_LOG = "/var/log/pvegpu-lab/api-writes.log"  # the lab's record: who set which config keys
+# API2/Qemu.pm: the option lists of $check_vm_modify_config_perm; every other key is root@pam's only.
+QEMU_CPU_OPTIONS = {"cores", "cpu", "runningcpu", "cpulimit", "cpuunits", "numa", "smp", "sockets", "vcpus"}
+QEMU_MEMORY_OPTIONS = {"memory", "balloon", "shares", "allow-ksm"}
+QEMU_HWTYPE_OPTIONS = {
+    *("acpi", "hotplug", "kvm", "machine", "runningmachine", "scsihw", "smbios1", "tablet", "vga"),
+    *("watchdog", "audio0", "rng0"),
+}
+QEMU_GENERAL_OPTIONS = {
+    *("agent", "autostart", "bios", "description", "keyboard", "localtime", "migrate_downtime"),
+    *("migrate_speed", "name", "onboot", "ostype", "protection", "reboot", "startdate", "startup", "tdf"),
+    "template",
+}
+QEMU_DISK_OPTIONS = {"boot", "bootdisk", "vmstatestorage"}
+QEMU_CLOUDINIT_OPTIONS = {
+    *("cicustom", "cipassword", "citype", "ciuser", "ciupgrade", "nameserver", "searchdomain", "sshkeys"),
+}
+# API2/Qemu.pm $vm_config_perm_list, API2/LXC/Config.pm's: the update endpoints' clauses (any of them).
+QEMU_CONFIG_PRIVS = (
+    *("VM.Config.Disk", "VM.Config.CDROM", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Network"),
+    *("VM.Config.HWType", "VM.Config.Options", "VM.Config.Cloudinit"),
+)
+LXC_CONFIG_PRIVS = (
+    *("VM.Config.Disk", "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options"),
+)
+
+
+def check_root_params(call: Call, names: tuple[str, ...]) -> None:
+    """`skiplock`, `keepActive`, ...: `<name>: Only root may use this option.` (400) for anyone else."""
+    if call.rpcenv.is_root:
+        return
+    for name in names:
+        if call.params.get(name):
+            raise ParamError({name: ROOT_ONLY_OPTION})
+
+
+def check_vm_modify_config_perm(  # noqa: PLR0912 (one branch per option list, as upstream)
+    rpcenv: access.RpcEnv, vmid: str, keys: list[str]
+) -> None:
+    """API2/Qemu.pm $check_vm_modify_config_perm: the privilege each key needs on /vms/<vmid>; drives,
+    serialN, usbN, hostpciN, virtiofsN and unusedN are checked elsewhere (by value); any key outside the
+    lists (args, hookscript, hugepages, affinity, lock, ...) dies `only root can set '<key>' config`."""
+    if rpcenv.is_root:
+        return
+    user = rpcenv.user
+    for key in keys:
+        if key in DRIVE_NAMES or key in ("cdrom", "tags"):
+            continue
+        if re.fullmatch(r"(?:unused|serial|usb|hostpci|virtiofs)\d+", key):
+            continue
+        if key in QEMU_CPU_OPTIONS or re.fullmatch(r"numa\d+", key):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.CPU",))
+        elif key in QEMU_MEMORY_OPTIONS:
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Memory",))
+        elif key in QEMU_HWTYPE_OPTIONS:
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.HWType",))
+        elif key in QEMU_GENERAL_OPTIONS:
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Options",))
+            if key == "startup":
+                rpcenv.check_full(user, "/", ("Sys.Modify",))
+        elif key == "freeze":
+            rpcenv.check_vm_perm(user, vmid, ("VM.PowerMgmt",))
+        elif key in QEMU_DISK_OPTIONS:
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Disk",))
+        elif re.fullmatch(r"net\d+", key) or key == "running-nets-host-mtu":
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Network",))
+        elif key in QEMU_CLOUDINIT_OPTIONS or re.fullmatch(r"ipconfig\d+", key):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Cloudinit", "VM.Config.Network"), any_of=True)
+        elif key == "vmstate":
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Disk", "VM.PowerMgmt"))
+        else:
+            raise DieError(f"only root can set '{key}' config\n")
+
+
+def check_hostpci_perm(rpcenv: access.RpcEnv, vmid: str, key: str, value: str) -> None:
+    """API2/Qemu.pm check_hostpci_perm: `host=` is root@pam's only; `mapping=` needs Mapping.Use on
+    /mapping/pci/<id> and VM.Config.HWType; `romfile` is root@pam's only (400)."""
+    if rpcenv.is_root:
+        return
+    device = parse_property_string(P(props=HOSTPCI_FMT, default_key="host"), value)
+    if "host" in device:
+        raise DieError(f"only root can set '{key}' config for non-mapped devices\n")
+    if "mapping" in device:
+        rpcenv.check_full(rpcenv.user, f"/mapping/pci/{device['mapping']}", ("Mapping.Use",))
+        rpcenv.check_vm_perm(rpcenv.user, vmid, ("VM.Config.HWType",))
+    else:
+        raise DieError("either 'host' or 'mapping' must be set.\n")
+    if "romfile" in device:
+        raise ParamError({key: "only root@pam can set 'romfile' option"})
+
+
+def _check_serial_perm(rpcenv: access.RpcEnv, vmid: str, key: str, value: str, verb: str) -> None:
+    """$check_vm_create_serial_perm and update_vm's serialN branch: a `socket` needs VM.Config.HWType."""
+    if rpcenv.is_root:
+        return
+    if value != "socket":
+        raise DieError(f"only root can {verb} '{key}' config for real devices\n")
+    rpcenv.check_vm_perm(rpcenv.user, vmid, ("VM.Config.HWType",))
+
+
+def check_bridge_access(rpcenv: access.RpcEnv, conf: dict[str, str]) -> None:
+    """QemuServer.pm check_bridge_access / GuestHelpers.pm check_vnet_access (no SDN: zone
+    `localnetwork`): SDN.Use on /sdn/zones/localnetwork/<bridge>[/<tag>]."""
+    if rpcenv.is_root:
+        return
+    for key in sorted(k for k in conf if re.fullmatch(r"net\d+", k)):
+        net = dict(part.partition("=")[::2] for part in conf[key].split(",") if "=" in part)
+        if "bridge" not in net:
+            continue
+        path = f"/sdn/zones/localnetwork/{net['bridge']}"
+        rpcenv.check(rpcenv.user, f"{path}/{net['tag']}" if net.get("tag") else path, ("SDN.Use",))
+
+
+def check_volume_access(call: Call, volid: str, vmid: str | None, wanted: str | None = None) -> None:
+    """PVE::Storage::check_volume_access: Datastore.Allocate on the storage allows all; an iso, vztmpl or
+    import volume needs Datastore.AllocateSpace or Datastore.Audit; one's own disk nothing; another VM's
+    disk Datastore.Audit + VM.Config.Disk on its owner; a path is root@pam's only."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    user = rpcenv.user
+    if not VOLUME_ID.fullmatch(volid):
+        raise DieError("Only root can pass arbitrary filesystem paths.")
+    volume = parse_volume(call.settings, volid)
+    if wanted is not None and volume.vtype != wanted and (wanted != "rootdir" or volume.vtype != "images"):
+        raise DieError(f"unable to use volume {volid} - content type needs to be '{wanted}'\n")
+    sid = volume.storage.id
+    if rpcenv.check(user, f"/storage/{sid}", ("Datastore.Allocate",), noerr=True):
+        return
+    if volume.vtype in ("iso", "vztmpl", "import"):
+        rpcenv.check_any(user, f"/storage/{sid}", ("Datastore.AllocateSpace", "Datastore.Audit"))
+    elif volume.vmid is not None and vmid is not None and volume.vmid == vmid:
+        pass
+    elif volume.vtype == "backup" and volume.vmid:
+        rpcenv.check(user, f"/storage/{sid}", ("Datastore.AllocateSpace",))
+        rpcenv.check(user, f"/vms/{volume.vmid}", ("VM.Backup",))
+    elif volume.vtype in ("images", "rootdir") and volume.vmid:
+        rpcenv.check(user, f"/storage/{sid}", ("Datastore.Audit",))
+        rpcenv.check(user, f"/vms/{volume.vmid}", ("VM.Config.Disk",))
+    else:
+        raise DieError(f"missing privileges to access {volid}\n")
+
+
+def check_storage_perms(call: Call, vmid: str, changes: dict[str, str]) -> None:
+    """API2/Qemu.pm $check_storage_access: a new disk needs Datastore.AllocateSpace on its storage, an
+    existing volume check_volume_access, an `import-from` source too (or VM.Clone on its VM); `cdrom`
+    (the host's drive) Sys.Console on /."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    for key in _drive_keys(changes):
+        drive = Drive.parse(changes[key])
+        volume = VOLUME_ID.fullmatch(drive.file)
+        new = NEW_DISK.fullmatch(drive.file)
+        if drive.file in ("", "none", "cloudinit") or (volume and volume.group(2) == "cloudinit"):
+            pass
+        elif drive.is_cdrom and drive.file == "cdrom":
+            rpcenv.check(rpcenv.user, "/", ("Sys.Console",))
+        elif not drive.is_cdrom and new:
+            rpcenv.check(rpcenv.user, f"/storage/{new.group(2)}", ("Datastore.AllocateSpace",))
+        else:
+            check_volume_access(call, drive.file, vmid)
+        source = drive.options.get("import-from")
+        if source is not None:
+            owner = parse_volume(call.settings, source).vmid if VOLUME_ID.fullmatch(source) else None
+            if owner:
+                rpcenv.check(rpcenv.user, f"/vms/{owner}", ("VM.Clone",))
+            else:
+                check_volume_access(call, source, vmid)
+
+
+def check_qemu_create_perms(call: Call, vmid: str, conf: dict[str, str]) -> None:
+    """API2/Qemu.pm create_vm's checks, in its order: VM.Allocate on /vms/<vmid> (a bare `Permission
+    check failed` without), storage access, each key's privilege, serialN, hostpciN, the bridges."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    if not rpcenv.check(rpcenv.user, f"/vms/{vmid}", ("VM.Allocate",), noerr=True):
+        raise access.PermissionDenied()
+    check_storage_perms(call, vmid, conf)
+    check_vm_modify_config_perm(rpcenv, vmid, sorted(conf))
+    for key in sorted(k for k in conf if re.fullmatch(r"serial\d+", k)):
+        _check_serial_perm(rpcenv, vmid, key, conf[key], "set")
+    for key in sorted(k for k in conf if re.fullmatch(r"hostpci\d+", k)):
+        check_hostpci_perm(rpcenv, vmid, key, conf[key])
+    check_bridge_access(rpcenv, conf)
+
+
+def check_qemu_update_perms(call: Call, vmid: str, changes: dict[str, str], deletes: list[str]) -> None:
+    """API2/Qemu.pm update_vm before the config is loaded: the keys deleted, then the keys set
+    ($check_vm_modify_config_perm: deleting a root-only key is root's too), storage, bridges."""
+    check_vm_modify_config_perm(call.rpcenv, vmid, deletes)
+    check_vm_modify_config_perm(call.rpcenv, vmid, sorted(changes))
+    check_storage_perms(call, vmid, changes)
+    check_bridge_access(call.rpcenv, changes)
+
+
+def check_qemu_device_perms(
+    call: Call, vmid: str, conf: GuestConfig, changes: dict[str, str], deletes: list[str]
+) -> None:
+    """update_vm's value-dependent checks on the loaded config: a hostpciN deleted (its value), replaced
+    (old and new value) or set (check_hostpci_perm); serialN as `socket` only."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    current = {**conf.main, **{k: v for k, v in conf.pending.items() if k != "delete"}}
+    for key in deletes:
+        if re.fullmatch(r"hostpci\d+", key) and key in current:
+            check_hostpci_perm(rpcenv, vmid, key, current[key])
+        elif re.fullmatch(r"serial\d+", key) and key in current:
+            _check_serial_perm(rpcenv, vmid, key, current[key], "delete")
+    for key in sorted(changes):
+        if re.fullmatch(r"hostpci\d+", key):
+            if conf.main.get(key):
+                check_hostpci_perm(rpcenv, vmid, key, conf.main[key])
+            check_hostpci_perm(rpcenv, vmid, key, changes[key])
+        elif re.fullmatch(r"serial\d+", key):
+            old = conf.main.get(key)
+            _check_serial_perm(rpcenv, vmid, key, changes[key] if old in (None, "socket") else old, "modify")
+
+
+def check_ct_modify_config_perm(  # noqa: PLR0912 (one branch per key kind, as upstream)
+    call: Call, vmid: str, changes: dict[str, str], deletes: list[str], unprivileged: bool
+) -> None:
+    """pve-container LXC.pm check_ct_modify_config_perm (keys set, then deleted): devN, hookscript and a
+    privileged CT's features are root@pam's only (`Permission check failed (<why>)`); a rootfs/mpN a
+    volume with storage access; every other key its VM.Config.* privilege."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    user = rpcenv.user
+    for key, deleting in [*((k, False) for k in sorted(changes)), *((k, True) for k in deletes)]:
+        if key in ("cores", "cpuunits", "cpulimit"):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.CPU",))
+        elif key == "rootfs" or re.fullmatch(r"mp\d+", key):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Disk",))
+            if not deleting:
+                volid = changes[key].split(",")[0].removeprefix("volume=")
+                if new := re.fullmatch(r"([^:\s]+):(\d+(\.\d+)?)", volid):
+                    rpcenv.check(user, f"/storage/{new.group(1)}", ("Datastore.AllocateSpace",))
+                else:
+                    check_volume_access(call, volid, vmid, "rootdir")
+        elif key in ("memory", "swap"):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Memory",))
+        elif re.fullmatch(r"net\d+", key):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Network",))
+            if not deleting:
+                check_bridge_access(rpcenv, {key: changes[key]})
+        elif re.fullmatch(r"dev\d+", key):
+            raise access.PermissionDenied("configuring device passthrough is only allowed for root@pam")
+        elif key in ("nameserver", "searchdomain", "hostname"):
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Network",))
+        elif key == "features":
+            if not unprivileged:
+                raise access.PermissionDenied(
+                    "changing feature flags for privileged container is only allowed for root@pam"
+                )
+            features = {f.partition("=")[0] for f in changes.get(key, "").split(",") if f}
+            if features - {"nesting"}:
+                raise access.PermissionDenied(
+                    "changing feature flags (except nesting) is only allowed for root@pam"
+                )
+            rpcenv.check_vm_perm(user, vmid, ("VM.Allocate",))
+        elif key == "hookscript":
+            raise access.PermissionDenied("changing the hookscript is only allowed for root@pam")
+        elif key != "tags":
+            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Options",))
+
+
+def check_lxc_create_perms(call: Call, vmid: str, conf: dict[str, str]) -> None:
+    """API2/LXC.pm create_vm's checks, in its order: Sys.Modify on / for a privileged CT, VM.Allocate on
+    /vms/<vmid> (a bare `Permission check failed` without), each key, then the template's access."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    unprivileged = bool(parse_boolean(conf.get("unprivileged", "1")))
+    if not unprivileged:
+        rpcenv.check(rpcenv.user, "/", ("Sys.Modify",))
+    if not rpcenv.check(rpcenv.user, f"/vms/{vmid}", ("VM.Allocate",), noerr=True):
+        raise access.PermissionDenied()
+    keys = {k: v for k, v in conf.items() if k not in ("ostemplate", "ssh-public-keys")}
+    check_ct_modify_config_perm(call, vmid, keys, [], unprivileged)
+    check_volume_access(call, conf["ostemplate"], vmid, "vztmpl")
+
+
+def log_api_write(call: Call, method: str, path: str, changes: dict[str, str], deletes: list[str]) -> None:
+    """One line per accepted guest config write in the lab's API_WRITES_LOG: `<user> <METHOD> <path>
+    <keys>` (keys set, then `-<key>` per key deleted), so that tests can tell which identity set what.
+    The record is the lab's, not Proxmox's: a write it cannot make (a full disk, a file size limit) changes
+    nothing of the call."""
+    keys = ",".join([*sorted(changes), *(f"-{key}" for key in deletes)])
+    log = call.settings.path(API_WRITES_LOG)
+    with contextlib.suppress(OSError):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as handle:
+            handle.write(f"{call.rpcenv.user} {method} {path} {keys}\n")
 
 
 # --- routing -----------------------------------------------------------------------------------------
@@ -2782,6 +3407,11 @@ AGENT_ROUTES: list[tuple[str, str, Endpoint]] = [
 
 ROUTES: list[tuple[str, str, Endpoint]] = [
     ("get", r"version", Endpoint("GET", {}, get_version)),
+    (
+        "get",
+        r"access/permissions",
+        Endpoint("GET", {"userid": P(pattern=USERID_OR_TOKEN), "path": P()}, get_access_permissions),
+    ),
     ("get", r"cluster/mapping/pci", Endpoint("GET", {"check-node": P(verify=verify_node)}, list_mappings)),
     (
         "create",
@@ -2977,6 +3607,15 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
     ("get", r"nodes/(?P<node>[^/]+)/tasks/(?P<upid>[^/]+)/status", Endpoint("GET", {}, get_task_status)),
     (
         "get",
+        r"nodes/(?P<node>[^/]+)/tasks/(?P<upid>[^/]+)/log",
+        Endpoint(
+            "GET",
+            {"start": P(type="integer", minimum=0), "limit": P(type="integer", minimum=0), "download": BOOL},
+            get_task_log,
+        ),
+    ),
+    (
+        "get",
         r"nodes/(?P<node>[^/]+)/tasks",
         Endpoint(
             "GET",
@@ -2990,6 +3629,73 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
         ),
     ),
 ]
+# Each endpoint's `permissions` clause (checked before its parameters, as pveproxy does), by method and path:
+# qemu-server API2/Qemu.pm and Qemu/Agent.pm, pve-container API2/LXC.pm, LXC/Config.pm, LXC/Status.pm,
+# pve-manager API2/Cluster/Mapping/PCI.pm and API2/Tasks.pm, pve-storage API2/Storage/Config.pm, Content.pm,
+# Status.pm, pve-access-control API2/AccessControl.pm. `ALL_USERS`: any user, the checks are inside.
+_VMS = "/vms/{vmid}"
+_AGENT = "/nodes/{node}/qemu/{vmid}/agent"
+_MAPPING_ANY = tuple(
+    access.Perm("/mapping/pci/{id}", (priv,)) for priv in ("Mapping.Use", "Mapping.Modify", "Mapping.Audit")
+)
+PERMISSIONS: dict[tuple[str, str], access.Permissions] = {
+    ("GET", "/version"): access.ALL_USERS,
+    ("GET", "/access/permissions"): access.ALL_USERS,
+    ("GET", "/cluster/mapping/pci"): access.ALL_USERS,
+    ("POST", "/cluster/mapping/pci"): access.Perm("/mapping/pci", ("Mapping.Modify",)),
+    ("GET", "/cluster/mapping/pci/{id}"): access.Or(_MAPPING_ANY),
+    ("PUT", "/cluster/mapping/pci/{id}"): access.Perm("/mapping/pci/{id}", ("Mapping.Modify",)),
+    ("DELETE", "/cluster/mapping/pci/{id}"): access.Perm("/mapping/pci", ("Mapping.Modify",)),
+    ("POST", "/nodes/{node}/qemu"): access.ALL_USERS,
+    ("DELETE", "/nodes/{node}/qemu/{vmid}"): access.Perm(_VMS, ("VM.Allocate",)),
+    ("GET", "/nodes/{node}/qemu/{vmid}/config"): access.Perm(_VMS, ("VM.Audit",)),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/config"): access.Perm(_VMS, QEMU_CONFIG_PRIVS, any=True),
+    ("GET", "/nodes/{node}/qemu/{vmid}/status/current"): access.Perm(_VMS, ("VM.Audit",)),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/start"): access.Perm(_VMS, ("VM.PowerMgmt",)),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/stop"): access.Perm(_VMS, ("VM.PowerMgmt",)),
+    ("POST", "/nodes/{node}/qemu/{vmid}/status/shutdown"): access.Perm(_VMS, ("VM.PowerMgmt",)),
+    ("PUT", "/nodes/{node}/qemu/{vmid}/resize"): access.Perm(_VMS, ("VM.Config.Disk",)),
+    ("GET", f"{_AGENT}/network-get-interfaces"): access.Perm(
+        _VMS, ("VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"), any=True
+    ),
+    ("GET", f"{_AGENT}/get-fsinfo"): access.Perm(
+        _VMS, ("VM.GuestAgent.Audit", "VM.GuestAgent.Unrestricted"), any=True
+    ),
+    ("GET", f"{_AGENT}/file-read"): access.Perm(
+        _VMS, ("VM.GuestAgent.FileRead", "VM.GuestAgent.Unrestricted"), any=True
+    ),
+    ("POST", f"{_AGENT}/file-write"): access.Perm(
+        _VMS, ("VM.GuestAgent.FileWrite", "VM.GuestAgent.Unrestricted"), any=True
+    ),
+    ("POST", f"{_AGENT}/exec"): access.Perm(_VMS, ("VM.GuestAgent.Unrestricted",)),
+    ("GET", f"{_AGENT}/exec-status"): access.Perm(_VMS, ("VM.GuestAgent.Unrestricted",)),
+    ("POST", "/nodes/{node}/lxc"): access.ALL_USERS,
+    ("GET", "/nodes/{node}/lxc/{vmid}/config"): access.Perm(_VMS, ("VM.Audit",)),
+    ("PUT", "/nodes/{node}/lxc/{vmid}/config"): access.Perm(_VMS, LXC_CONFIG_PRIVS, any=True),
+    ("GET", "/nodes/{node}/lxc/{vmid}/status/current"): access.Perm(_VMS, ("VM.Audit",)),
+    ("POST", "/nodes/{node}/lxc/{vmid}/status/start"): access.Perm(_VMS, ("VM.PowerMgmt",)),
+    ("POST", "/nodes/{node}/lxc/{vmid}/status/stop"): access.Perm(_VMS, ("VM.PowerMgmt",)),
+    ("GET", "/storage"): access.ALL_USERS,
+    ("GET", "/storage/{storage}"): access.Perm("/storage/{storage}", ("Datastore.Allocate",)),
+    ("PUT", "/storage/{storage}"): access.Perm("/storage", ("Datastore.Allocate",)),
+    ("GET", "/nodes/{node}/storage/{storage}/content"): access.Perm(
+        "/storage/{storage}", ("Datastore.Audit", "Datastore.AllocateSpace"), any=True
+    ),
+    ("POST", "/nodes/{node}/storage/{storage}/download-url"): access.And(
+        (
+            access.Perm("/storage/{storage}", ("Datastore.AllocateTemplate",)),
+            access.Or(
+                (
+                    access.Perm("/", ("Sys.Audit", "Sys.Modify")),
+                    access.Perm("/nodes/{node}", ("Sys.AccessNetwork",)),
+                )
+            ),
+        )
+    ),
+    ("GET", "/nodes/{node}/tasks"): access.ALL_USERS,
+    ("GET", "/nodes/{node}/tasks/{upid}/status"): access.ALL_USERS,
+    ("GET", "/nodes/{node}/tasks/{upid}/log"): access.ALL_USERS,
+}
 PATH_PARAMS: dict[str, P] = {
     "node": NODE_P,
     "storage": P(optional=False, verify=verify_storage_id),
@@ -3008,37 +3714,29 @@ def find_route(cmd: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
     return None
 
 
-def fail(text: str, code: int = 255) -> NoReturn:
-    sys.stdout.flush()
-    sys.stderr.write(text)
-    sys.stderr.flush()
-    raise SystemExit(code)
+def route_template(pattern: str) -> str:
+    """A route's path as Proxmox writes it: `/nodes/{node}/qemu/{vmid}/config`."""
+    return "/" + re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", pattern)
 
 
-def main(argv: list[str]) -> int:  # noqa: PLR0912
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        sys.stdout.write(HELP)
-        return 0
-    cmd = argv[0]
-    if cmd not in CMDS:
-        fail(f"ERROR: unknown command 'pvesh {cmd}'\n{HELP}")
-    if len(argv) < 2:
-        fail(f"400 not enough arguments\npvesh {cmd} <api_path> [OPTIONS] [FORMAT_OPTIONS]\n")
-    path = argv[1]
+def endpoint_permissions(cmd: str, path: str) -> access.Permissions:
+    """The `permissions` clause of the endpoint `cmd path` routes to (None: none known, root@pam only)."""
+    clean = path.strip("/")
+    for route_cmd, pattern, endpoint in ROUTES:
+        if route_cmd == cmd and re.fullmatch(pattern, clean):
+            return PERMISSIONS.get((endpoint.method, route_template(pattern)))
+    return None
+
+
+def call_api(settings: Settings, rpcenv: access.RpcEnv, cmd: str, path: str, raw: dict[str, Any]) -> Json:
+    """One API call by `rpcenv.user` to an existing route (`find_route`), `raw` its options as strings
+    (lists for arrays): the endpoint's permissions clause (before the parameters, in pveproxy's order),
+    the parameters verified (JSONSchema), then its handler. Raises access.PermissionDenied, ParamError
+    or DieError."""
     found = find_route(cmd, path)
-    if found is None:
-        fail(f"No '{cmd}' handler defined for '{path}'\n", 1)
+    assert found is not None
     endpoint, path_values = found
-    try:
-        raw, output = parse_options(argv[2:], endpoint)
-    except OptionError as error:
-        fail(
-            "".join(f"{line}\n" for line in error.lines)
-            + "400 unable to parse option\n"
-            + usage(cmd, endpoint)
-            + "\n"
-        )
-    settings = load_settings()
+    rpcenv.check_api2_permissions(endpoint_permissions(cmd, path), {**path_values, **raw})
     errors: dict[str, str] = {}
     for key, value in path_values.items():
         check_value(key, PATH_PARAMS[key], value, errors)
@@ -3051,16 +3749,49 @@ def main(argv: list[str]) -> int:  # noqa: PLR0912
         if not schema.optional and key not in raw:
             _add(errors, key, "property is missing and it is not optional")
     check_requires("", endpoint.params, raw, errors)
+    if errors:
+        raise ParamError(errors)
+    if "node" in path_values:
+        _local_node(settings, path_values["node"])
+    return endpoint.handler(Call(settings, dict(path_values), params, rpcenv=rpcenv))
+
+
+def fail(text: str, code: int = 255) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(HELP)
+        return 0
+    cmd = argv[0]
+    if cmd not in CMDS:
+        fail(f"ERROR: unknown command 'pvesh {cmd}'\n{HELP}")
+    if len(argv) < 2:
+        fail(f"400 not enough arguments\npvesh {cmd} <api_path> [OPTIONS] [FORMAT_OPTIONS]\n")
+    path = argv[1]
+    found = find_route(cmd, path)
+    if found is None:
+        fail(f"No '{cmd}' handler defined for '{path}'\n", 1)
+    endpoint = found[0]
     try:
-        if errors:
-            raise ParamError(errors)
-        if "node" in path_values:
-            _local_node(settings, path_values["node"])
-        result = endpoint.handler(Call(settings, dict(path_values), params))
+        raw, output = parse_options(argv[2:], endpoint)
+    except OptionError as error:
+        fail(
+            "".join(f"{line}\n" for line in error.lines)
+            + "400 unable to parse option\n"
+            + usage(cmd, endpoint)
+            + "\n"
+        )
+    try:
+        result = call_api(load_settings(), access.RpcEnv(), cmd, path, raw)
     except ParamError as error:
         lines = "".join(f"{k}: {v}\n" for k, v in sorted(error.errors.items()))
         fail(f"400 Parameter verification failed.\n{lines}{usage(cmd, endpoint)}\n")
-    except DieError as error:
+    except (DieError, access.PermissionDenied) as error:
         fail(error.text)
     if endpoint.returns_null:
         return 0

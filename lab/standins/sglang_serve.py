@@ -11,7 +11,11 @@ options, an option twice, missing or bad values, missing required options exit 2
 `GET /health` and `GET /ready` (never need the key), `GET /v1/models`, `POST /v1/chat/completions`
 (answers "STAND-IN reply to: <last user message>"), `GET /metrics` with --enable-metrics. `--config FILE`
 is merged as SGLang merges it (`merge_config`). With --api-key (or `api-key:` in the config file),
-everything else needs `Authorization: Bearer <key>` (401 otherwise), as SGLang does. With NCCL_DEBUG=INFO it
+everything else needs `Authorization: Bearer <key>` (401 otherwise), as SGLang does. As SGLang 0.5.23 does,
+it logs `server_args={...}` (keys included) at INFO through the logger `sglang.srt.entrypoints.engine`,
+with logging set up as `configure_logger` sets it (`SGLANG_LOGGING_CONFIG_PATH`'s dictConfig, else
+`--log-level`), and `GET /server_info` answers the values, both keys and `launch_command` (the merged argv)
+to whoever passes the `--api-key` check. With NCCL_DEBUG=INFO it
 logs the NCCL channel lines the real server would, with the transport the flags imply (SHM when
 --enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor has something to read.
 """
@@ -19,6 +23,8 @@ logs the NCCL channel lines the real server would, with the transport the flags 
 from __future__ import annotations
 
 import json
+import logging
+import logging.config
 import os
 import re
 import sys
@@ -153,7 +159,34 @@ def log_nccl_channels(values: dict[str, list[str]]) -> None:
         print(f"NCCL INFO Channel {channel} : {rank}[{rank}] -> {peer}[{peer}] via {via}", flush=True)
 
 
-def make_handler(values: dict[str, list[str]], api_key: str | None) -> type[BaseHTTPRequestHandler]:
+def configure_logging(values: dict[str, list[str]]) -> None:
+    """SGLang 0.5.23 `utils/common.py configure_logger`: the JSON dictConfig `SGLANG_LOGGING_CONFIG_PATH`
+    names, else `basicConfig` at `--log-level` (default `info`) with SGLang's format."""
+    path = os.environ.get("SGLANG_LOGGING_CONFIG_PATH")
+    if path:
+        with open(path, encoding="utf-8") as file:
+            logging.config.dictConfig(json.load(file))
+        return
+    level = getattr(logging, _one(values, "log_level", "info").upper())
+    logging.basicConfig(
+        level=level, format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", force=True
+    )
+
+
+def server_info(values: dict[str, list[str]], merged: list[str]) -> dict[str, object]:
+    """What SGLang 0.5.23 `/server_info` shows of this stand-in's values (`build_server_info`: the resolved
+    fields, both keys among them, and `launch_command`, the argv after the `--config` merge)."""
+    info: dict[str, object] = {dest: words[0] if len(words) == 1 else words for dest, words in values.items()}
+    info["api_key"] = _one(values, "api_key", "") or None
+    info["admin_api_key"] = _one(values, "admin_api_key", "") or None
+    info["launch_command"] = " ".join(merged)
+    info["version"] = "pvegpu lab STAND-IN"
+    return info
+
+
+def make_handler(
+    values: dict[str, list[str]], api_key: str | None, info: dict[str, object] | None = None
+) -> type[BaseHTTPRequestHandler]:
     served = _one(values, "served_model_name", _one(values, "model_path", "model"))
     model_path = _one(values, "model_path", "")
 
@@ -184,6 +217,8 @@ def make_handler(values: dict[str, list[str]], api_key: str | None) -> type[Base
             elif self.path == "/v1/models":
                 model = {"id": served, "object": "model", "owned_by": "sglang STAND-IN", "root": model_path}
                 self._send(200, {"object": "list", "data": [model]})
+            elif self.path in ("/server_info", "/get_server_info"):
+                self._send(200, info or {})
             elif self.path == "/metrics" and "enable_metrics" in values:
                 self._send(200, "# pvegpu lab STAND-IN\nsglang_stand_in 1\n", "text/plain")
             else:
@@ -266,9 +301,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     api_key = _one(values, "api_key", "") or None
     host, port = _one(values, "host", "127.0.0.1"), int(_one(values, "port", "30000"))
+    info = server_info(values, merged)
+    configure_logging(values)
+    resolved = {name: value for name, value in info.items() if name not in ("launch_command", "version")}
+    logging.getLogger("sglang.srt.entrypoints.engine").info(f"server_args={resolved}")
     print(f"sglang STAND-IN (pvegpu lab): serving {model_path} on {host}:{port}", flush=True)
     log_nccl_channels(values)
-    server = _Server((host, port), make_handler(values, api_key))
+    server = _Server((host, port), make_handler(values, api_key, info))
     server.serve_forever()
     return 0
 

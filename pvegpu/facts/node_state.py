@@ -16,7 +16,11 @@ The parts, in order, each opened by a line `#pvegpu-node:<part>` and parsed by t
   snippets and hookscript, wherever `vm.snippets_storage` points, without asking the API first;
 - `pve`, only when the request names Proxmox config files (the VM's config, storage.cfg): per file a line
   `<base64 of its content>\t<path>`, or `missing\t<path>` (not a readable regular file), from which
-  pvegpu/facts/pve_files.py computes the API's answers.
+  pvegpu/facts/pve_files.py computes the API's answers;
+- `qemu`, only when the request names VM ids: per VM a line `<vmid>\t<pidfile>\t<cmdline>\t<state>`: the
+  base64 of the first line of /var/run/qemu-server/<vmid>.pid, and when that is a PID, the base64 of its
+  /proc/<pid>/cmdline and the state letter of its /proc/<pid>/stat; `-` for what is not there. What
+  qemu-server's `check_running` reads: pvegpu/facts/pve_files.py `qemu_running` decides as it does.
 
 A part whose command fails (a sysfs root that is not a directory, a missing command line file) fails the whole
 read with that command's message, as its own fact did.
@@ -45,9 +49,10 @@ from pvegpu.facts.pvegpu_boot import BootFiles
 from pvegpu.models.boot import BootLoaderInfo, CpuKernel
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.host_driver import HostDriverState
+from pvegpu.models.pve import QEMU_RUN_DIR, QemuProcess
 
-PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "end")
-OPTIONAL_PARTS = ("pve",)  # printed only when requested
+PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "qemu", "end")
+OPTIONAL_PARTS = ("pve", "qemu")  # printed only when requested
 PART_MARKER = "#pvegpu-node:"
 STORAGE_CFG = "/etc/pve/storage.cfg"
 DEFAULT_STORAGE_DIR = "/var/lib/vz"
@@ -67,6 +72,7 @@ class NodeStateRequest:
     driver_units: tuple[str, ...] = ()
     sha256_paths: tuple[str, ...] = ()
     pve_files: tuple[str, ...] = ()
+    vmids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class NodeState:
     fixed_paths: tuple[str, ...]
     snippet_dirs: tuple[str, ...]
     pve_files: Mapping[str, bytes | None] = field(default_factory=dict)
+    qemu_processes: Mapping[int, QemuProcess] = field(default_factory=dict)
 
     def covers(self, path: str) -> bool:
         """Whether the read looked for `path`: a fixed path, or a `pvegpu-*` file in a snippets directory."""
@@ -111,6 +118,7 @@ def node_read_command(request: NodeStateRequest) -> str:
         "cmdline": KernelCmdline().command(request.cmdline_path),
         "sha256": files_sha256_command(request.sha256_paths),
         **({"pve": pve_files_command(request.pve_files)} if request.pve_files else {}),
+        **({"qemu": qemu_processes_command(request.vmids)} if request.vmids else {}),
     }
     lines = [
         f"echo {shlex.quote(PART_MARKER + name)}\n( {script}\n) || exit $?" for name, script in parts.items()
@@ -140,6 +148,21 @@ def pve_files_command(paths: Sequence[str]) -> str:
     )
 
 
+def qemu_processes_command(vmids: Sequence[int], run_dir: str = QEMU_RUN_DIR) -> str:
+    """The `qemu` part (module docstring); `run_dir`: where the pidfiles are (tests)."""
+    return (
+        f"for v in {' '.join(str(vmid) for vmid in vmids)}; do f={shlex.quote(run_dir)}/$v.pid\n"
+        "  p=-; c=-; s=-; n=''\n"
+        '  if [ -f "$f" ]; then n=$(head -n 1 "$f"); p=$(printf \'%s\' "$n" | base64 -w 0); fi\n'
+        '  case $n in ""|*[!0-9]*) ;; *)\n'
+        '    c=$(base64 -w 0 2>/dev/null < "/proc/$n/cmdline") || c=-\n'
+        "    s=$(sed 's/.*) //' 2>/dev/null < \"/proc/$n/stat\" | cut -d ' ' -f 1); s=${s:--} ;;\n"
+        "  esac\n"
+        '  printf \'%s\\t%s\\t%s\\t%s\\n\' "$v" "$p" "$c" "$s"\n'
+        "done"
+    )
+
+
 def parse_node_state(lines: Sequence[str]) -> NodeState:
     """The read's output -> NodeState. Pure; FactParseError naming the part that is missing or malformed."""
     parts = _split_parts(lines)
@@ -155,6 +178,7 @@ def parse_node_state(lines: Sequence[str]) -> NodeState:
         fixed_paths=fixed,
         snippet_dirs=dirs,
         pve_files=_parse_pve_files(parts.get("pve", [])),
+        qemu_processes=parse_qemu_processes(parts.get("qemu", [])),
     )
 
 
@@ -219,6 +243,22 @@ def _parse_pve_files(lines: Sequence[str]) -> dict[str, bytes | None]:
         except ValueError:
             raise FactParseError(f"node state pve: {path} is not in base64") from None
     return files
+
+
+def parse_qemu_processes(lines: Sequence[str]) -> dict[int, QemuProcess]:
+    """The `qemu` part's lines -> per vmid its `QemuProcess`. Pure; FactParseError for another line."""
+    found: dict[int, QemuProcess] = {}
+    for line in lines:
+        fields = line.split("\t")
+        try:
+            if len(fields) != 4 or not re.fullmatch(r"[0-9]{1,9}", fields[0]):
+                raise ValueError(line)
+            pidfile, cmdline = (None if f == "-" else base64.b64decode(f, validate=True) for f in fields[1:3])
+        except ValueError:
+            raise FactParseError(f"node state qemu: unexpected line {line!r}") from None
+        state = None if fields[3] == "-" else fields[3]
+        found[int(fields[0])] = QemuProcess(pidfile, cmdline, state)
+    return found
 
 
 class NodeRead(FactBase[NodeState]):

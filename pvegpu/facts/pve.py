@@ -31,13 +31,16 @@ from pvegpu.models.inventory import spec_of
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.secret_file import secret_file_problems
 from pvegpu.pve import (
+    CommandTransport,
     Method,
     Params,
     PveClient,
     PveError,
+    RootRouted,
     Transport,
+    acts_as,
     connect_local,
-    connect_ssh,
+    ssh_transport,
 )
 
 _CLIENTS: dict[str, PveClient] = {}
@@ -67,11 +70,16 @@ def read_token(path: str) -> str:
     return content.decode("ascii").removesuffix("\n")  # the rules let one line of visible ASCII through
 
 
-def connect(spec: PveApiSpec, data: Any) -> PveClient:
-    """A new client for `spec`; `data` (host data) supplies the SSH defaults."""
+def connect(spec: PveApiSpec, data: Any, host_name: str | None = None) -> PveClient:
+    """A new client for `spec`; `data` (host data) supplies the SSH defaults, and `host_name` (pyinfra's
+    host name) the address when the data has no `ssh_hostname`, as pyinfra's SSH connector takes it.
+
+    `https` with `root_ssh` (the default): the token sends every call but those only root@pam may send,
+    which go through root's `pvesh` on the node over the host's SSH (`RootRouted`, connected on first
+    need). `root_ssh: false`: the token alone (inventory validation refused what needs root)."""
     if spec.backend == "local":
         return connect_local(sudo=spec.sudo)
-    hostname = spec.hostname or data.get("ssh_hostname")
+    hostname = spec.hostname or data.get("ssh_hostname") or host_name
     if not hostname:
         raise PveSetupError("pve.hostname: not set, and the host has no ssh_hostname")
     if spec.backend == "https":
@@ -79,7 +87,7 @@ def connect(spec: PveApiSpec, data: Any) -> PveClient:
 
         assert spec.token_id is not None  # the model requires both for https
         assert spec.token_file is not None
-        return connect_https(
+        token = connect_https(
             hostname,
             spec.token_id,
             read_token(spec.token_file),
@@ -87,10 +95,21 @@ def connect(spec: PveApiSpec, data: Any) -> PveClient:
             ca_file=spec.ca_file,
             fingerprint=spec.fingerprint,
         )
-    return connect_ssh(
+        if not spec.root_ssh:
+            return token
+        ssh_hostname = data.get("ssh_hostname") or host_name or hostname  # where pyinfra's SSH goes
+        return PveClient(
+            RootRouted(token.call, spec.token_id, lambda: _ssh(spec, data, ssh_hostname, ssh_port=None))
+        )
+    return PveClient(_ssh(spec, data, hostname, ssh_port=spec.port))
+
+
+def _ssh(spec: PveApiSpec, data: Any, hostname: str, ssh_port: int | None) -> CommandTransport:
+    """root's `pvesh` on the node over SSH, with `pve`'s SSH settings or else the host's own."""
+    return ssh_transport(
         hostname,
         spec.ssh_user or data.get("ssh_user") or "root",
-        port=spec.port or int(data.get("ssh_port") or 22),
+        port=ssh_port or int(data.get("ssh_port") or 22),
         key_filename=spec.ssh_key or data.get("ssh_key"),
         known_hosts=spec.known_hosts or data.get("ssh_known_hosts_file"),
         sudo=spec.sudo,
@@ -102,7 +121,7 @@ def pve_client(host: Any) -> PveClient:
     (`shared_reads`)."""
     client = _CLIENTS.get(host.name)
     if client is None:
-        client = _CLIENTS[host.name] = shared_reads(connect(api_spec(host.data), host.data))
+        client = _CLIENTS[host.name] = shared_reads(connect(api_spec(host.data), host.data, host.name))
     return client
 
 
@@ -165,6 +184,34 @@ def seed(client: PveClient, read: Callable[[PveClient], object], answer: object)
     return True
 
 
+def seed_status(
+    client: PveClient, read: Callable[[PveClient], object], answer: object, fresh: Callable[[], bool]
+) -> bool:
+    """Keep `answer` (the API's JSON for a status GET that `read` sends, e.g. `lambda api: api.vm_status(node,
+    vmid)`) for that read while `fresh()` says it still holds (the node's state read it came from is
+    unchanged) and the client has not written: such reads take it; after, they ask Proxmox again. True when
+    kept; False (nothing kept) for any other client, a read already answered or on its way, or an answer the
+    read's parser refuses."""
+    shared = client.call
+    if not isinstance(shared, _SharedReads):
+        return False
+    sent: list[str] = []
+
+    def capture(method: Method, path: str, params: Params) -> object:
+        sent.append(_key(path, params) if method == "GET" else "")
+        return copy.deepcopy(answer)
+
+    try:
+        read(replace(client, call=capture))
+    except PveError:
+        return False
+    key = sent[0] if len(sent) == 1 else ""
+    if not key or key in shared.answers or key in shared.early or key in shared.statuses:
+        return False
+    shared.statuses[key] = (answer, fresh)
+    return True
+
+
 def _quietly(read: Callable[[PveClient], object], client: PveClient) -> None:
     # The answer (or the error) is kept by `_SharedReads.ahead`; the read that takes it parses and raises.
     with contextlib.suppress(Exception):
@@ -176,6 +223,7 @@ class _SharedReads:
     call: Transport
     answers: dict[str, object] = field(default_factory=dict)
     early: dict[str, AsyncResult] = field(default_factory=dict)  # keys read ahead, not taken yet
+    statuses: dict[str, tuple[object, Callable[[], bool]]] = field(default_factory=dict)  # seed_status
     writes: int = 0
 
     def __call__(self, method: Method, path: str, params: Params) -> object:
@@ -183,9 +231,14 @@ class _SharedReads:
         if method != "GET":
             self.answers.clear()
             self.early.clear()
+            self.statuses.clear()
             self.writes += 1
             return self.call(method, path, params)
         shared = _SHARED.fullmatch(path) is not None
+        seeded = self.statuses.get(key)
+        if seeded is not None and seeded[1]():
+            return copy.deepcopy(seeded[0])
+        self.statuses.pop(key, None)
         if key in self.early:
             answer = self.early.pop(key).get()
             if isinstance(answer, Exception) and not isinstance(answer, PveError):
@@ -202,6 +255,9 @@ class _SharedReads:
         if isinstance(answer, Exception):
             raise answer
         return copy.deepcopy(answer)  # a caller may change what it got
+
+    def acts_as(self, method: Method, path: str, params: Params) -> str:
+        return acts_as(self.call, method, path, params)
 
     def ahead(self, method: Method, path: str, params: Params) -> object:
         """A GET sent ahead (`read_ahead`): its answer, or its error, kept for the first identical read."""

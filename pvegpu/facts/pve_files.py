@@ -13,6 +13,10 @@ part, pvegpu/facts/node_state.py), so that a no-op run need not ask the API for 
   passes Proxmox's live check (PVE::Mapping::PCI `assert_valid`) against the node's PCI hardware, read in
   the same command.
 
+- `qemu_status_answer(raw, process, vmid)`: `GET /nodes/{node}/qemu/{vmid}/status/current` as far as pvegpu
+  reads it (`vmid`, `status`, `name`), from the VM's config file and its QEMU process as the node shows it
+  (`qemu_running`: qemu-server's `check_running`).
+
 Each returns None where Proxmox's answer could differ in a way this does not model, and the API is asked
 then: pending changes (the API applies them), a key the schema does not have or a value its type refuses
 (Proxmox drops them with a warning), a drive given as a path (Proxmox rewrites it to a volume id), a
@@ -30,7 +34,7 @@ import re
 
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.pve import MapEntry, MapEntryError, PciMapping, parse_map_entry
+from pvegpu.models.pve import QEMU_RUN_DIR, MapEntry, MapEntryError, PciMapping, QemuProcess, parse_map_entry
 
 # qemu-server's config schema ($confdesc, $confdesc_cloudinit, the indexed device keys; src/PVE/QemuServer.pm
 # at e6352be): the keys the API returns, and the ones typed as numbers in its answer.
@@ -246,3 +250,46 @@ def _passes(entry: MapEntry, hardware: HostHardware) -> bool:
         if index == 0 and (function.iommu_group is None or entry.iommugroup != function.iommu_group):
             return False
     return True
+
+
+_QEMU_COMMAND = re.compile(rb"kvm$|(?:^|/)qemu-[^/]+$")
+_OPTION = re.compile(rb"--?(.*)", re.DOTALL)
+
+
+def qemu_running(process: QemuProcess, vmid: int) -> bool:
+    """Whether qemu-server counts VM `vmid` as running on the node (PVE::QemuServer::Helpers
+    `vm_running_locally` -> `instance_running_locally`, with `parse_cmdline` and PVE::ProcFSTools
+    `check_process_running`): the pidfile's first line is a PID whose command line (up to its first newline,
+    split at NUL) is a `kvm` or `qemu-*` command naming that pidfile after `-pidfile`, and whose process is
+    no zombie."""
+    if process.pidfile is None or process.cmdline is None or process.state in (None, "Z"):
+        return False
+    if re.fullmatch(rb"[0-9]+", process.pidfile) is None:
+        return False
+    params = process.cmdline.split(b"\n")[0].split(b"\0")
+    if not params[0] or _QEMU_COMMAND.search(params[0]) is None:
+        return False
+    options: dict[bytes, bytes | None] = {}
+    pending: bytes | None = None
+    for param in params:
+        if not param or param == b"0":
+            continue  # Perl's `next if !$p`
+        option = _OPTION.fullmatch(param)
+        if option is not None:
+            if pending is not None:
+                options[pending] = None
+            pending = option[1]
+        elif pending is not None:
+            options[pending], pending = param, None
+    return options.get(b"pidfile") == f"{QEMU_RUN_DIR}/{vmid}.pid".encode()
+
+
+def qemu_status_answer(raw: bytes, process: QemuProcess, vmid: int) -> dict[str, object] | None:
+    """`GET .../qemu/{vmid}/status/current`'s `vmid`, `status` and `name` (qemu-server `vmstatus`: `running`
+    when `check_running`, else `stopped`; the config's `name`, else `VM <vmid>`) for the config file `raw`
+    and `process`; None where the config is not modelled (`qemu_config_answer`)."""
+    config = qemu_config_answer(raw)
+    if config is None:
+        return None
+    name = config.get("name") or f"VM {vmid}"
+    return {"vmid": vmid, "status": "running" if qemu_running(process, vmid) else "stopped", "name": name}

@@ -8,7 +8,10 @@ compared over every card) for the GPUs this VM maps:
 - all valid: one line, nothing to write, the start goes on;
 - renumber-only drift (`repair`): one line per GPU (`pvegpu: gpu3 pve1: 0000:71:00 group 23 -> 0000:72:00
   group 41, repaired`) and one `Repair` per drifted mapping: its whole `map` before and after (the other
-  nodes' lines verbatim); the start goes on once they are written;
+  nodes' lines verbatim); the start goes on once they are written. A repaired line keeps its path's shape:
+  a GPU mapped single-function for a GPUDirect clique (`0000:71:00.0`, plan/mapping.py) stays so, since the
+  clique parts of the VM's `args` address its device `hostpciN` (plan/p2p.py), which a whole slot would
+  rename `hostpciN.0`; `pvegpu mapping --against` repairs alike (both are plan/heal.py);
 - renumber-only drift (`check`): what each repair would be, nothing to write, refused;
 - anything else: per GPU what changed and why it is not repaired, then the fix command; refused.
 Every line printed starts with `pvegpu: `.

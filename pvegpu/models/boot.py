@@ -61,8 +61,11 @@ class PveRelease:
 
 @dataclass(frozen=True)
 class CpuKernel:
-    """What the IOMMU plan needs of the CPU and kernel: `amd`/`intel` (None: no `vendor_id`, not x86) and
-    the running kernel's (major, minor)."""
+    """What the node's plans need of the CPU, kernel and hypervisor: `amd`/`intel` (None: no `vendor_id`, not
+    x86), the running kernel's (major, minor), the CPU's physical address bits (`address sizes`; None: not
+    shown) and the installed qemu-server's (major, minor, patch) (None: not installed, as in the lab)."""
 
     vendor: str | None
     release: tuple[int, int]
+    phys_bits: int | None = None
+    qemu_server: tuple[int, int, int] | None = None

@@ -62,7 +62,9 @@ class HostSpec(BaseModel):
         default=False,
         description=(
             "Reboot the host when the running kernel lacks the boot state pvegpu wrote (command line tokens, "
-            "GPU functions bound to vfio-pci), then wait and verify. False: report what is pending and stop."
+            "GPU functions bound to vfio-pci), then wait and verify; also stop what runs on the node where a "
+            "change needs it (the VM for a profile switch; a cold restart of the VM for the config changes "
+            "Proxmox keeps pending while it runs). False: report what is pending and stop."
         ),
     )
     extra_cmdline: Annotated[

@@ -5,7 +5,10 @@ Inventory host data carries one namespaced key per role; this module owns `node`
     ("pve1", {"node": {"name": "pve1", "gpus": {"ids": ["10de:2bb1"], "count": 8}}})
 
 `validate_inventory` checks every host and raises one `InventoryError` listing every problem as
-`<host>: path.to.field: message`; `exit_on_invalid` is the form inventory files call at load time.
+`<host>: path.to.field: message`; `exit_on_invalid` is the form inventory files call at load time. Besides
+each spec's own fields: a VM from an image needs the host's known_hosts file, and with an API token and no
+root path to the node every feature that writes a root-only key is refused
+(pvegpu.models.root_only_features).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.host_keys import host_key_warnings
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
+from pvegpu.models.root_only_features import root_only_problems
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.vm import VM_KEY, VmSpec
 
@@ -203,6 +207,7 @@ def _validate_host(data: object) -> tuple[NodeSpec | None, list[str]]:
         if spec is not None:
             validated[key] = spec
     problems.extend(_known_hosts_problems(data, validated.get(VM_KEY)))
+    problems.extend(_root_path_problems(data, validated))
     node = validated.get(NODE_KEY)
     return (node if isinstance(node, NodeSpec) and not problems else None), problems
 
@@ -216,6 +221,22 @@ def _known_hosts_problems(data: Mapping[Any, object], vm: BaseModel | None) -> l
         f"{VM_KEY}.image: needs the host's {KNOWN_HOSTS_KEY}: pvegpu records the guest's SSH host key there "
         "(strict first contact) and keeps the guest's key pair beside it, in guest-keys/"
     ]
+
+
+def _root_path_problems(data: Mapping[Any, object], validated: Mapping[str, BaseModel]) -> list[str]:
+    """A feature that writes a key only root@pam may set, on an API token without a root path to the node
+    (pvegpu.models.root_only_features)."""
+    node, vm, lxc = validated.get(NODE_KEY), validated.get(VM_KEY), validated.get(LXC_KEY)
+    pve = validated.get(PVE_KEY, PveApiSpec())
+    if not isinstance(node, NodeSpec) or not isinstance(pve, PveApiSpec) or PVE_KEY not in data:
+        return []
+    return root_only_problems(
+        node.profile,
+        vm if isinstance(vm, VmSpec) else None,
+        lxc if isinstance(lxc, LxcSpec) else None,
+        pve,
+        data.get("ssh_user"),
+    )
 
 
 def _near_role_key_problems(data: Mapping[Any, object]) -> list[str]:

@@ -21,7 +21,7 @@ from enum import StrEnum
 
 CONFIG_ID = re.compile(r"[a-z][a-z0-9_-]+", re.IGNORECASE)
 NODE_NAME = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?")
-# Domain required, lowercase hex only, function optional; `;` separates alternatives.
+# Domain required, lowercase hex only, function optional; `;` separates the paths of one device set.
 _PCI_PATH = r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
 PCI_PATH = re.compile(rf"(?:{_PCI_PATH};)*{_PCI_PATH}")
 PCI_ID = re.compile(r"[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}")
@@ -62,7 +62,9 @@ class MapEntry:
 
     @property
     def paths(self) -> tuple[str, ...]:
-        """The `;`-separated alternatives of `path`, in the order Proxmox tries them."""
+        """The `;`-separated paths of `path`: ONE alternative, every path's functions passed together
+        (qemu-server PCI.pm `parse_hostpci`; pve-guest-common Mapping/PCI.pm `assert_valid` checks each, the
+        IOMMU group on the first only). A node's alternatives are its map lines."""
         return tuple(self.path.split(";"))
 
 
@@ -180,7 +182,18 @@ class TaskStatus:
 
     @property
     def ok(self) -> bool:
-        return self.status == "stopped" and self.exitstatus == "OK"
+        """Ended and succeeded: `OK`, or `WARNINGS: N` (the task logged warnings; pve-common
+        src/PVE/UPID.pm `status_is_error`)."""
+        return self.status == "stopped" and not status_is_error(self.exitstatus)
+
+
+_WARNINGS = re.compile(r"WARNINGS: \d+")
+
+
+def status_is_error(exitstatus: str | None) -> bool:
+    """pve-common src/PVE/UPID.pm `status_is_error`: anything but `OK` and `WARNINGS: <N>` is a failure
+    (`unexpected status` too); None (no exit status yet) is not a success either."""
+    return exitstatus is None or not (exitstatus == "OK" or _WARNINGS.fullmatch(exitstatus) is not None)
 
 
 @dataclass(frozen=True)
@@ -200,6 +213,20 @@ class VmStatus:
     status: str
     qmpstatus: str | None
     name: str | None
+
+
+QEMU_RUN_DIR = "/var/run/qemu-server"  # qemu-server Helpers.pm $var_run_tmpdir: <vmid>.pid
+
+
+@dataclass(frozen=True)
+class QemuProcess:
+    """What a node shows of a VM's QEMU process, as qemu-server's `check_running` reads it: the first line of
+    /var/run/qemu-server/<vmid>.pid (None: no such file), and when that is a PID, its /proc/<pid>/cmdline
+    (None: no such process) and the state letter of its /proc/<pid>/stat (`S`, `Z`, ...; None: none)."""
+
+    pidfile: bytes | None
+    cmdline: bytes | None
+    state: str | None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@ settings (`ssh_hostname`, `ssh_user`, `ssh_key`, `ssh_known_hosts_file`) unless 
 must be known. `https` uses an API token whose secret is read from `token_file` on the machine running
 pyinfra (the secret-file rules of `pvegpu.models.secret_file`; never printed).
 `local` runs `pvesh` on the machine running pyinfra (which must be the node).
+
+A token is never root@pam, and Proxmox lets only root@pam write some keys (pvegpu.models.pve_root_only):
+with `https`, `root_ssh` (default true) sends those writes through root's `pvesh` on the node over the same
+SSH settings (as root, or another user with `sudo`: `root_ssh_problem`); `root_ssh: false` says there is no
+such path, and every feature that needs one is refused at inventory validation
+(pvegpu.models.root_only_features).
 """
 
 from __future__ import annotations
@@ -18,9 +24,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from pvegpu.models.fields import AbsolutePath, matching
+from pvegpu.models.pve_root_only import ROOT_USER
 
 PVE_KEY = "pve"
-ROOT_USER = "root@pam"
 _TOKEN_ID = re.compile(r"[^\s@!]+@[^\s@!]+![A-Za-z][A-Za-z0-9._-]*")
 _FINGERPRINT = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){31}")
 _CLUSTER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -35,7 +41,7 @@ class PveApiSpec(BaseModel):
         default="ssh",
         description=(
             "`ssh`: pvesh on the node over SSH (root; host key checked); `https`: API token "
-            "(TLS verified); `local`: pvesh on the machine running pyinfra."
+            "(TLS verified; root-only keys: `root_ssh`); `local`: pvesh on the machine running pyinfra."
         ),
     )
     hostname: str | None = Field(
@@ -44,15 +50,27 @@ class PveApiSpec(BaseModel):
     port: StrictInt | None = Field(
         default=None, ge=1, le=65535, description="API port (https: 8006) or SSH port; None: the default."
     )
-    ssh_user: str | None = Field(default=None, description="SSH user for `ssh`; None: the host's `ssh_user`.")
+    ssh_user: str | None = Field(
+        default=None, description="SSH user for `ssh` and `root_ssh`; None: the host's `ssh_user`."
+    )
     ssh_key: AbsolutePath | None = Field(
-        default=None, description="SSH private key for `ssh`; None: the host's `ssh_key`."
+        default=None, description="SSH private key for `ssh` and `root_ssh`; None: the host's `ssh_key`."
     )
     known_hosts: AbsolutePath | None = Field(
         default=None,
         description="known_hosts file holding the node's SSH key; None: the host's `ssh_known_hosts_file`.",
     )
-    sudo: bool = Field(default=False, description="Run pvesh through sudo (`ssh`/`local`, non-root user).")
+    sudo: bool = Field(
+        default=False, description="Run pvesh through sudo (`ssh`/`local`/`root_ssh`, non-root user)."
+    )
+    root_ssh: bool = Field(
+        default=True,
+        description=(
+            "`https`: write the keys only root@pam may set (`hookscript`, `args`, `hugepages`, `affinity`, "
+            "unlocking, a CT's `devN`) through root's pvesh on the node over SSH (the host's SSH settings, "
+            "as root or with `sudo`); false: no root path, and every feature needing one is refused."
+        ),
+    )
     token_id: Annotated[str, matching(_TOKEN_ID, "an API token id (user@realm!name)")] | None = Field(
         default=None, description="API token id `user@realm!name` (`https`)."
     )
@@ -88,5 +106,27 @@ class PveApiSpec(BaseModel):
 
     @property
     def api_user(self) -> str:
-        """Who the API acts as: pvesh always runs as root@pam; a token acts as `user@realm!name`."""
+        """Who the API acts as for what any identity may send: pvesh always runs as root@pam; a token acts
+        as `user@realm!name`."""
         return self.token_id if self.backend == "https" and self.token_id else ROOT_USER
+
+    @property
+    def root_user(self) -> str | None:
+        """Who writes what only root@pam may: root@pam (pvesh, or a token with `root_ssh`); None when there
+        is no root path (`https` with `root_ssh: false`)."""
+        return None if self.backend == "https" and not self.root_ssh else ROOT_USER
+
+
+ROOT_PATH_WAY_OUT = "let pvegpu reach the node as root over SSH (pve.root_ssh: true)"
+
+
+def root_ssh_problem(spec: PveApiSpec, host_ssh_user: object) -> str | None:
+    """`pve.root_ssh: ...` when the SSH user that would run root's pvesh (`pve.ssh_user`, else the host's
+    `ssh_user`, else root) is not root and `pve.sudo` is off: pvesh refuses any other user. None: fine."""
+    user = spec.ssh_user or host_ssh_user or "root"
+    if spec.backend != "https" or not spec.root_ssh or user == "root" or spec.sudo:
+        return None
+    return (
+        f"pve.root_ssh: the keys only root@pam may set are written by root's pvesh over SSH, and the SSH "
+        f"user is {user}: set pve.sudo: true (or pve.ssh_user: root), or pve.root_ssh: false"
+    )

@@ -18,14 +18,14 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
-from pvegpu.models.fields import AbsolutePath, shown
+from pvegpu.models.fields import AbsolutePath, OneLine, has_control_character, shown
 from pvegpu.models.sglang_options import SGLANG_VERSION, load_option_table
 
 SGLANG_KEY = "sglang"
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# systemd EnvironmentFile values without quoting: no whitespace, quotes, backslash or `$` expansion.
-_ENV_VALUE = re.compile(r"[^\s\"'\\$]*")
+# systemd EnvironmentFile values without quoting: no whitespace, control character, quotes, backslash or `$`.
+_ENV_VALUE = re.compile(r"[^\s\x00-\x1f\x7f\"'\\$]*")
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})")
 _HOST = re.compile(r"[A-Za-z0-9.:-]+")
 
@@ -49,8 +49,13 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"{shown(name)} is not an environment variable name")
+        if name == "SGLANG_LOGGING_CONFIG_PATH":  # pvegpu's logging config keeps the keys out of the journal
+            raise ValueError(f"{name} is set by pvegpu (pvegpu.plan.sglang_service); it may not be set here")
         if not _ENV_VALUE.fullmatch(value):
-            raise ValueError(f"{name}: {shown(value)} may not hold whitespace, quotes, backslashes or $")
+            raise ValueError(
+                f"{name}: {shown(value)} may not hold whitespace, control characters, quotes, backslashes "
+                "or $"
+            )
     return env
 
 
@@ -68,7 +73,7 @@ CONFIG_OPTION = "--config"
 
 def _check_extra(args: tuple[str, ...]) -> tuple[str, ...]:
     for arg in args:
-        if not arg or "\n" in arg or "\x00" in arg:
+        if not arg or has_control_character(arg):
             raise ValueError(f"{shown(arg)} is not a command-line argument")
     return args
 
@@ -121,7 +126,7 @@ class SglangSpec(BaseModel):
         default="/models/GLM-5-NVFP4",
         description="Absolute path of the model directory on the serving host (`--model-path`).",
     )
-    served_model_name: str = Field(
+    served_model_name: OneLine = Field(
         default="glm-5",
         min_length=1,
         description="Model name clients use and `/v1/models` returns (`--served-model-name`).",
@@ -206,7 +211,8 @@ class SglangSpec(BaseModel):
         default=None,
         description=(
             "Absolute path, on the serving host, of the key for SGLang's admin endpoints "
-            "(`--admin-api-key`), with the same file rules and path to SGLang as `api_key_file`; "
+            "(`--admin-api-key`), with the same file rules and path to SGLang as `api_key_file`, which it "
+            "needs (SGLang's `/server_info` shows this key to every holder of the API key); "
             "None: admin endpoints are off."
         ),
     )
@@ -305,6 +311,18 @@ class SglangSpec(BaseModel):
         if size == 0:
             raise ValueError("must be -1 (no chunking) or at least 1 (got 0)")
         return size
+
+    @field_validator("admin_api_key_file")
+    @classmethod
+    def _admin_needs_key(cls, path: str | None, info: ValidationInfo) -> str | None:
+        # SGLang 0.5.23 srt/utils/auth.py decide_request_auth: without --api-key the normal endpoints are
+        # open, and `/server_info` (srt/entrypoints/http_server.py, build_server_info) shows admin_api_key.
+        if path is not None and info.data.get("api_key_file") is None:
+            raise ValueError(
+                "needs api_key_file: without an API key SGLang answers /server_info, which shows the admin "
+                "key, to anyone"
+            )
+        return path
 
     @field_validator("host")
     @classmethod

@@ -128,7 +128,9 @@ class ImageUrl(BaseModel):
         default=None,
         description=(
             "Name of the downloaded file; None: the URL's last path part. Proxmox's `import` content "
-            "takes only .qcow2, .raw and .vmdk: name Ubuntu's `.img` (a qcow2) `<name>.qcow2`."
+            "takes only .qcow2, .raw and .vmdk: name Ubuntu's `.img` (a qcow2) `<name>.qcow2`. Proxmox "
+            "stores it with each character other than a-z, A-Z, 0-9, `_`, `.` and `-` made `_`, and the "
+            "volume pvegpu imports from is named the same way."
         ),
     )
 
@@ -140,7 +142,7 @@ class ImageUrl(BaseModel):
                 f"checksum has {len(self.checksum)} hex digits; "
                 f"a {self.checksum_algorithm} digest has {digits}"
             )
-        if self.file_name is None and not _IMPORT_FILE.fullmatch(url_file_name(self.url)):
+        if self.file_name is None and not _IMPORT_FILE.fullmatch(self.stored_name):
             raise ValueError(
                 f"the URL's file name {url_file_name(self.url)!r} does not end in .qcow2, .raw or .vmdk "
                 "(Proxmox's import content): set file_name (Ubuntu's .img cloud images are qcow2)"
@@ -149,13 +151,25 @@ class ImageUrl(BaseModel):
 
     @property
     def stored_name(self) -> str:
-        """The file name the image has in `<storage>:import/`."""
-        return self.file_name or url_file_name(self.url)
+        """The file name the image has in `<storage>:import/`: `file_name` or the URL's, as Proxmox stores
+        it (`normalized_file_name`)."""
+        return normalized_file_name(self.file_name or url_file_name(self.url))
 
 
 def url_file_name(url: str) -> str:
     """The last part of `url`'s path (`.../debian-12-genericcloud-amd64.qcow2` -> that name)."""
     return PurePosixPath(urlsplit(url).path).name
+
+
+_NOT_KEPT = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+def normalized_file_name(name: str) -> str:
+    """The name `download-url` stores a file under (pve-storage src/PVE/Storage.pm
+    `normalize_content_filename`, called by API2/Storage/Status.pm `download_url`): one trailing newline
+    dropped, everything up to the last `/` or `\\` dropped, every other character than a-z A-Z 0-9 `_` `.`
+    `-` made `_` (`debian+12=x.qcow2` -> `debian_12_x.qcow2`)."""
+    return _NOT_KEPT.sub("_", re.sub(r"^.*[/\\]", "", name.removesuffix("\n")))
 
 
 def _image_kind(value: Any) -> str | None:
@@ -257,7 +271,10 @@ class VmSpec(BaseModel):
         default="args",
         description=(
             "How the 64-bit MMIO window for the GPUs' BARs is set: `args` (OVMF X-PciMmio64Mb sized from "
-            "the BARs; root@pam only) or `phys-bits` (`cpu: host,phys-bits=N`; works with API tokens)."
+            "the BARs, up to 16 TiB; root@pam only) or `phys-bits` (the `cpu` key, which API tokens may "
+            "set: `host,guest-phys-bits=N` on qemu-server 9.0.18+, OVMF's window being 2^(N-3) bytes; "
+            "before that `host`, the window 2^(min(host bits, 46)-3): QEMU ignores `phys-bits` with the "
+            "`host` CPU). A plan whose window cannot hold the BARs is refused (pvegpu/plan/mmio.py)."
         ),
     )
 

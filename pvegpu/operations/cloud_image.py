@@ -8,8 +8,8 @@
 - `snippet_file`: the cloud-init user-data on the node (mode 0600: it holds the guest's SSH host key);
 - `disk_grown`: the system disk at least `size_gib` (an imported disk has the image's size); never shrunk.
 
-Reads happen while preparing; writes are `api_command`s (or one shell command for the snippet) run while
-executing, so `--dry` shows them without making them.
+Reads happen while preparing; writes are `api_command`s (or, for the snippet, an upload between two shell
+commands) run while executing, so `--dry` shows them without making them.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from pyinfra import logger
-from pyinfra.api.command import FunctionCommand, StringCommand
+from pyinfra.api.command import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.node_state import node_file_sha256
 from pvegpu.operations.api_command import api_command, one_line_errors
-from pvegpu.operations.files import write_file
+from pvegpu.operations.files import upload_secret_file
 from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
 
@@ -136,15 +136,14 @@ def _download(api: PveClient, job: _Download) -> None:
 
 
 @operation()
-def snippet_file(*, path: str, content: str) -> Generator[StringCommand]:
-    """The cloud-init user-data `content` at `path` on the node, root-only (it holds a private host key);
-    its text is never logged."""
+def snippet_file(*, path: str, content: str) -> Generator[StringCommand | FileUploadCommand]:
+    """The cloud-init user-data `content` at `path` on the node, root-only (it holds a private host key):
+    uploaded as a file into a root-only staging file, never on a command line, never logged."""
     remote = node_file_sha256(host, path)
     if remote == hashlib.sha256(content.encode()).hexdigest():
         host.noop(f"cloud-init user-data {path} is up to date")
         return
-    yield StringCommand("mkdir", "-p", path.rsplit("/", 1)[0])
-    yield write_file(path, content, mode="0600")
+    yield from upload_secret_file(path, content, mode="0600")
 
 
 @operation()

@@ -2,9 +2,17 @@
 
 Every managed file is written atomically: the content goes to a temporary file in the same directory
 (`.<name>.pvegpu-new`: a name no `*.conf` / `*.cfg` glob picks up, and the same on every run, so a cut run
-leaves at most one), which gets its mode and owner, is synced, read back (sha256) and optionally checked,
-then renamed over the target, and the directory is synced. A cut or a failure at any point leaves the old
-file as it was; the command then fails with a line naming the path.
+leaves at most one), created under `umask 077`, which gets its mode and owner, is synced, read back (sha256)
+and optionally checked, then renamed over the target, and the directory is synced. A cut or a failure at any
+point leaves the old file as it was; the command then fails with a line naming the path.
+
+`write_file` carries the content on the shell command line (pyinfra prints it under `-vv`, logs it under
+`--debug`, and every local user of the host reads `/proc/<pid>/cmdline`): it is for files without a secret.
+A file with a secret goes through `upload_secret_file`: the staging file is created empty under `umask 077`,
+the content is uploaded into it over pyinfra's file transfer (SFTP/SCP: opening an existing file keeps its
+mode), and `install_staged` checks and renames it. No command line holds the content, and the staged file is
+never readable by another user. (A host reached with pyinfra's `_sudo` gets uploads through pyinfra's own
+temporary file; pvegpu reaches the nodes, where the user-data goes, as root.)
 
 The tools that generate boot files from them (update-grub, proxmox-boot-tool refresh, update-initramfs) run
 through `regenerate`: a tool that fails or is killed fails the command with a line naming the tool.
@@ -13,9 +21,10 @@ through `regenerate`: a tool that fails or is killed fails the command with a li
 from __future__ import annotations
 
 import hashlib
+import io
 import posixpath
 
-from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.command import FileUploadCommand, QuoteString, StringCommand
 
 
 def temp_path(path: str) -> str:
@@ -37,7 +46,7 @@ def write_file(
     checked = ["&&", *check.split(), temp] if check is not None else []
     failure = f"pvegpu: could not write {path} (left unchanged)"
     return StringCommand(
-        "{", "printf", "%s", QuoteString(content), ">", temp,
+        "{", "umask", "077", "&&", "printf", "%s", QuoteString(content), ">", temp,
         "&&", "chmod", mode, temp,
         "&&", "chown", owner, temp,
         "&&", "sync", temp,
@@ -47,6 +56,26 @@ def write_file(
         "&&", "sync", QuoteString(posixpath.dirname(path)), ";", "}",
         "||", "{", "rm", "-f", temp, ";", "echo", QuoteString(failure), ">&2", ";", "exit", "1", ";", "}",
     )  # fmt: skip
+
+
+def upload_secret_file(
+    path: str, content: str, *, mode: str = "0600", owner: str = "root:root"
+) -> tuple[StringCommand, FileUploadCommand, StringCommand]:
+    """Write `content`, which holds a secret, to `path` atomically without putting it on a command line
+    (module docstring): the staging file made empty and root-only (`umask 077`, an old one removed first, so
+    a leftover's mode never carries over), the content uploaded into it, then `install_staged`. The
+    directory of `path` is created when missing (with its default mode)."""
+    temp = QuoteString(temp_path(path))
+    failure = f"pvegpu: could not stage {path} (left unchanged)"
+    prepare = StringCommand(
+        "mkdir", "-p", QuoteString(posixpath.dirname(path)),
+        "&&", "rm", "-f", temp,
+        "&&", "(", "umask", "077", "&&", ":", ">", temp, ")",
+        "||", "{", "echo", QuoteString(failure), ">&2", ";", "exit", "1", ";", "}",
+    )  # fmt: skip
+    data = content.encode()
+    upload = FileUploadCommand(io.BytesIO(data), temp_path(path))
+    return prepare, upload, install_staged(path, hashlib.sha256(data).hexdigest(), mode=mode, owner=owner)
 
 
 def install_staged(path: str, sha256: str, *, mode: str = "0644", owner: str = "root:root") -> StringCommand:

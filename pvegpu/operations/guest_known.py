@@ -3,7 +3,8 @@ in the known_hosts file the inventory uses (`pvegpu.guest_keys`), so pyinfra's f
 
 - a static address (`vm.ipconfig ip=A/N`): the known_hosts line is written from the inventory alone;
 - DHCP: the address is what the QEMU guest agent reports for the VM's `net0` MAC, read through the API
-  (waited for: the agent starts with the guest), then recorded beside the key (`guests_of` reads it) and
+  (waited for: the agent starts with the guest; an address pvegpu will not connect to is refused,
+  pvegpu.plan.guest_address), then recorded beside the key (`guests_of` reads it) and
   the known_hosts line written; then the guest's sshd must answer with the expected key.
 
 Only this machine's files are written (the operator's known_hosts and the address file), while pyinfra
@@ -24,7 +25,10 @@ from pyinfra.context import host
 
 from pvegpu.guest_keys import known_host_recorded, record_address, record_known_host, recorded_address
 from pvegpu.host_key_probe import HostKeyMismatchError, wait_for_host_key
+from pvegpu.local_files import LocalWriteError
 from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.plan.convert import net0_mac
+from pvegpu.plan.guest_address import GuestAddressError, net0_address
 from pvegpu.pve import PveClient, PveError
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -67,20 +71,46 @@ def guest_known(
         logger.info(
             f"{host.print_prefix}guest {identity.name}: record {address}'s host key in {identity.known_hosts}"
         )
-        yield api_command(record_known_host, identity.known_hosts, address, identity.public_key)
+        yield api_command(_record, identity, address, False)
         return
     logger.info(f"{host.print_prefix}guest {identity.name}: learn its address from VM {vmid}'s guest agent")
     yield api_command(_learn_address, identity, api, _Vm(node, vmid, mac), timeout_s)
+
+
+def _record(identity: GuestIdentity, address: str, learnt: bool) -> None:
+    """`address` and the guest's host key into known_hosts (and, `learnt` from the agent, the address beside
+    the key); a file not written fails the host in one line naming it, the old file kept."""
+    try:
+        record_known_host(identity.known_hosts, address, identity.public_key)
+        if learnt:
+            record_address(identity.private_key, address)
+    except LocalWriteError as error:
+        raise OperationError(f"guest {identity.name}: {error}") from None
 
 
 @dataclass(frozen=True)
 class _Vm:
     node: str
     vmid: int
-    mac: str | None
+    mac: str | None  # net0's; None: read from the VM's config
+
+
+def _net0_mac(identity: GuestIdentity, api: PveClient, vm: _Vm) -> str:
+    """net0's MAC in the VM's config: the only NIC whose address pvegpu takes from the guest agent."""
+    try:
+        mac = net0_mac(api.vm_config(vm.node, vm.vmid).values)
+    except PveError as error:
+        raise OperationError(f"guest {identity.name}: VM {vm.vmid}: {error.line}") from None
+    if mac is None:
+        raise OperationError(
+            f"guest {identity.name}: VM {vm.vmid} has no net0 MAC, the NIC whose address pvegpu takes from "
+            "the guest agent"
+        )
+    return mac
 
 
 def _learn_address(identity: GuestIdentity, api: PveClient, vm: _Vm, timeout_s: float) -> None:
+    mac = vm.mac or _net0_mac(identity, api, vm)
     found: list[str] = []
 
     def pending() -> str | None:
@@ -88,15 +118,14 @@ def _learn_address(identity: GuestIdentity, api: PveClient, vm: _Vm, timeout_s: 
             interfaces = api.guest_addresses(vm.node, vm.vmid)
         except PveError as error:
             return error.line
-        for interface in interfaces:
-            if (
-                interface.ipv4
-                and interface.name != "lo"
-                and (vm.mac is None or interface.mac.lower() == vm.mac.lower())
-            ):
-                found.append(interface.ipv4[0].split("/")[0])
-                return None
-        return f"no IPv4 address on {vm.mac or 'a network interface'} yet"
+        try:
+            address = net0_address(interfaces, mac, vm.vmid)
+        except GuestAddressError as refused:
+            raise OperationError(f"guest {identity.name}: {refused}") from None
+        if address is None:
+            return f"no IPv4 address on net0 ({mac}) yet"
+        found.append(address)
+        return None
 
     try:
         wait_until(
@@ -109,6 +138,5 @@ def _learn_address(identity: GuestIdentity, api: PveClient, vm: _Vm, timeout_s: 
         raise OperationError(f"{timeout} (last: {timeout.last})") from None
     address = found[0]
     wait_until_answering(identity, address, timeout_s)
-    record_known_host(identity.known_hosts, address, identity.public_key)
-    record_address(identity.private_key, address)
+    _record(identity, address, True)
     logger.info(f"{host.print_prefix}guest {identity.name}: {address}, host key recorded")

@@ -9,13 +9,20 @@ driven from the node through the Proxmox API and the VM's guest agent.
   installs them). Then the guest's record (`RECORD_PATH`, agent file-read) is compared with what it depends
   on: the guest's driver and kernel (the probe script's read-only `identity`, run by the guest's python3
   through agent exec) and the VM's GPU devices with the clique. A record that holds, with the clique as its
-  verdict wants it, is a noop that repeats the verdict. Else, while executing: the clique parts set when
-  missing (PUT with digest) and the VM restarted (shutdown, stop when that fails, start, agent answering);
+  verdict wants it, is a noop that repeats the verdict. Else, while executing: the clique's GPUs mapped
+  single-function on this node (their map lines' paths name the display function, PUT with the mapping's
+  digest: QEMU's `-set` can address only such a device, plan/p2p.py) and the clique parts set when missing
+  (PUT with digest), then the VM restarted (shutdown, stop when that fails, start, agent answering);
   the probe script written in the guest and run under `timeout` (exec, then exec-status polled until a
   deadline: a hang is bounded here and killed in the guest); its result judged (plan/p2p.py `judge`); on
-  any failure the clique parts removed and the VM restarted again (SHM), each failure a warning line; the
-  verdict recorded in the guest (agent file-write, read back). A guest that comes back from the restart
-  without its software (a lab guest does) is probed by a later run, the clique in place.
+  any failure the clique parts removed, the whole-slot paths restored and the VM restarted again (SHM),
+  each failure a warning line; the verdict recorded in the guest (agent file-write, read back). A guest
+  that comes back from the restart without its software (a lab guest does) is probed by a later run, the
+  clique in place.
+- a VM that does not start with the clique (QEMU refuses it): the clique parts removed, the whole-slot
+  paths restored, the VM started again, and one warning naming the VM with the start's own error line
+  (QEMU's message, pvegpu/operations/start_failure.py); the verdict SHM is recorded with it, so later
+  runs keep SHM until the record no longer holds.
 
 pvegpu restarts the VM right after adding its clique parts, so parts found in the config are taken to be in
 effect (a run cut between the two probes a VM without them: the probe then fails safe, to SHM). A probe that
@@ -46,6 +53,9 @@ from pvegpu.models.p2p import RECORD_PATH, Identity, Record
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.pve_guest import VM, Guest
+from pvegpu.operations.vm import StartFailedError, cold_restart, guest_in_run
+from pvegpu.plan.hostpci import HOSTPCI_KEY, HostPciError, parse_hostpci
+from pvegpu.plan.mapping import managed_index, with_path_shape
 from pvegpu.plan.p2p import (
     DEFERRED,
     NO_DRIVER,
@@ -53,13 +63,15 @@ from pvegpu.plan.p2p import (
     PROBE_PATH,
     UNPROVEN,
     Judgement,
+    clique_devices,
     crash_failure,
     judge,
+    not_started_failure,
     own_clique,
     timeout_failure,
     vm_devices,
 )
-from pvegpu.plan.vm import merge_args
+from pvegpu.plan.vm import cpu_hidden, merge_args
 from pvegpu.pve import PveClient, PveError, Value
 from pvegpu.wait import WaitTimeoutError, wait_until
 
@@ -74,18 +86,6 @@ def guest_venv(node_host: Host) -> str:
         if candidate.data.get(GUEST_OF_KEY) == node_host.name:
             return spec_of(candidate.data, SGLANG_KEY, SglangSpec).venv
     return SglangSpec().venv
-
-
-def guest_in_run(node_host: Host) -> bool:
-    """Whether this run also converges `node_host`'s VM guest (it has operations here): a VM restart now
-    would cut the guest's connection half-way, so the probe waits for a run without it (deploy/vm.py)."""
-    state = node_host.state
-    return any(
-        candidate.data.get(GUEST_OF_KEY) == node_host.name
-        and state.is_host_in_limit(candidate)
-        and bool(state.ops.get(candidate))
-        for candidate in state.inventory
-    )
 
 
 def probe_script() -> str:
@@ -157,12 +157,14 @@ def p2p_clique(
     vmid: int,
     mode: Literal["probe", "on"],
     clique: str,
+    prefix: str,
     venv: str,
     probe_timeout_s: float,
     timeout_s: float,
 ) -> Generator[FunctionCommand, None, None]:
     """GPU peer-to-peer in VM `vmid` as `mode` wants it (module docstring); `clique` is
-    plan/p2p.py's `clique_args` for the VM's GPUs ('' when none may peer), `venv` the guest's SGLang venv.
+    plan/p2p.py's `clique_args` for the VM's GPUs ('' when none may peer), `prefix` the mapping ids' prefix
+    (`vm.mapping_prefix`: the mappings whose paths the probe shapes), `venv` the guest's SGLang venv.
     Not idempotent in the strict sense: a probe that runs restarts the VM (it runs only when no valid
     record exists)."""
     guest = Guest(VM, api, node, vmid)
@@ -176,6 +178,7 @@ def p2p_clique(
     else:
         yield from _probe_mode(
             guest,
+            prefix=prefix,
             config=config.values,
             venv=venv,
             clique=clique,
@@ -187,6 +190,7 @@ def p2p_clique(
 def _probe_mode(
     guest: Guest,
     *,
+    prefix: str,
     config: Mapping[str, object],
     venv: str,
     clique: str,
@@ -215,11 +219,11 @@ def _probe_mode(
             host.noop(f"{guest.label}: P2P probe result holds ({record.verdict}) for {_said(identity)}")
             return
         if record.verdict == "shm":  # the failed probe's clique is back (by hand?): remove it again
-            yield api_command(_remove_clique, guest, timeout_s)
+            yield api_command(_remove_clique, guest, prefix, timeout_s)
             return
     shown = "no record" if record is None else "the record is for another driver, kernel or devices"
     logger.info(f"{host.print_prefix}{guest.label}: P2P probe ({shown}): clique {clique}")
-    yield api_command(_probe, guest, venv, (clique, identity), probe_timeout_s, timeout_s)
+    yield api_command(_probe, guest, prefix, venv, (clique, identity), (probe_timeout_s, timeout_s))
 
 
 def _pending(guest: Guest, clique: str) -> str | None:
@@ -283,14 +287,27 @@ def _identity(guest: Guest, config: Mapping[str, object], clique: str) -> Identi
         ) from None
 
 
-def _set_clique(guest: Guest, clique: str, restart: bool, timeout_s: float) -> bool:
-    """`args` with pvegpu's clique parts replaced by `clique` (PUT with the read's digest), then, when
-    `restart` and they changed, the VM restarted until its agent answers. Whether they changed."""
+def _set_clique(guest: Guest, prefix: str, clique: str, timeout_s: float, *, restart: bool) -> bool:
+    """The VM's GPUs mapped as `clique` needs (`_shape_paths`) and `args` with pvegpu's clique parts replaced
+    by `clique` (PUT with the read's digest), then, when `restart` and either changed, the VM cold-restarted
+    until its agent answers (a failed start: StartFailedError). Whether anything changed. Refused: a clique
+    on a VM whose `cpu` has `hidden=1`."""
     current = guest.read_config()
     if current is None:
         raise OperationError(f"{guest.label} disappeared")
-    args = merge_args(str(current.values.get("args", "")), None, clique)
-    if args != str(current.values.get("args", "")):
+    if clique and cpu_hidden(current.values.get("cpu")):
+        raise OperationError(
+            f"{guest.label}: cpu {current.values['cpu']} has hidden=1 (kvm=off), with which the guest's "
+            "NVIDIA driver ignores the GPUDirect clique: not set (pvegpu's cpu value has no hidden; run "
+            "deploy/vm.py again)"
+        )
+    # Never a clique part on a whole slot, even for a run cut half-way: paths first when the clique comes,
+    # args first when it goes (the other way round is only a VM without its HDMI audio function).
+    single = clique_devices(clique)
+    shaped = bool(clique) and _shape_paths(guest, prefix, current.values, single)
+    now = str(current.values.get("args", ""))
+    args = merge_args(now, None, clique)
+    if args != now:
         try:
             if args:
                 guest.api.update_vm_config(guest.node, guest.vmid, {"args": args}, current.digest)
@@ -299,30 +316,57 @@ def _set_clique(guest: Guest, clique: str, restart: bool, timeout_s: float) -> b
         except PveError as error:
             raise OperationError(f"{guest.label}: args not set: {error.line}") from None
         logger.info(f"{host.print_prefix}{guest.label}: args: {args or '(deleted)'}")
-        if restart:
-            _restart(guest, timeout_s)
-        return True
-    return False
+    shaped = shaped or (not clique and _shape_paths(guest, prefix, current.values, single))
+    changed = shaped or args != now
+    if changed and restart:
+        _restart(guest, timeout_s)
+    return changed
 
 
-def _remove_clique(guest: Guest, timeout_s: float) -> None:
+def _shape_paths(guest: Guest, prefix: str, config: Mapping[str, object], single: frozenset[int]) -> bool:
+    """Each `hostpciN: mapping=<prefix><M>` of the VM gets this node's map line of its mapping naming the
+    display function (N in `single`) or the whole slot (else), PUT with the mapping's digest; the other
+    nodes' lines are left as they are. Whether a mapping was written."""
+    written = False
+    for key in sorted((k for k in config if HOSTPCI_KEY.fullmatch(k)), key=lambda k: int(k[7:])):
+        try:
+            mapping_id = parse_hostpci(str(config[key])).get("mapping")
+        except HostPciError:
+            continue  # not pvegpu's (the VM converge refuses the slot where it needs it)
+        if mapping_id is None or managed_index(prefix, mapping_id) is None:
+            continue
+        try:
+            state = guest.api.mapping(mapping_id)
+            if state is None:
+                continue  # Proxmox's start check names a missing mapping
+            shaped = with_path_shape(state.mapping, guest.node, int(key[7:]) in single)
+            if shaped == state.mapping:
+                continue
+            guest.api.update_mapping(shaped, state.digest)
+        except PveError as error:
+            raise OperationError(f"{guest.label}: mapping {mapping_id} not reshaped: {error.line}") from None
+        how = "single-function (its display function)" if int(key[7:]) in single else "whole (every function)"
+        logger.info(f"{host.print_prefix}{guest.label}: mapping {mapping_id} on {guest.node}: {how}")
+        written = True
+    return written
+
+
+def _remove_clique(guest: Guest, prefix: str, timeout_s: float) -> None:
     if guest_in_run(host):
         logger.info(f"{host.print_prefix}{guest.label}: {DEFERRED}")
         return
-    _set_clique(guest, "", True, timeout_s)
+    _set_clique(guest, prefix, "", timeout_s, restart=True)
 
 
 def _restart(guest: Guest, timeout_s: float) -> None:
-    """Shut the VM down (stop it when the guest does not), start it, wait until its agent answers."""
+    """Cold-restart the VM (pvegpu/operations/vm.py `cold_restart`), then wait until its agent answers."""
+    cold_restart(guest, timeout_s)
+    _agent_answers(guest, timeout_s, "restarted")
+
+
+def _agent_answers(guest: Guest, timeout_s: float, done: str) -> None:
+    """Wait until the VM's guest agent answers after it was `done` (`restarted`, `started`)."""
     api, node, vmid = guest.api, guest.node, guest.vmid
-    try:
-        try:
-            api.wait_task(api.shutdown_vm(node, vmid, int(timeout_s)), timeout_s + 30)
-        except PveError:
-            api.wait_task(api.stop_vm(node, vmid), timeout_s)
-        api.wait_task(api.start_vm(node, vmid), timeout_s)
-    except PveError as error:
-        raise OperationError(f"{guest.label}: restart failed: {error.line}") from None
 
     def answering() -> str | None:
         try:
@@ -332,32 +376,39 @@ def _restart(guest: Guest, timeout_s: float) -> None:
         return None
 
     try:
-        wait_until(answering, timeout_s, f"{guest.label}: the guest agent after the restart")
+        wait_until(answering, timeout_s, f"{guest.label}: the guest agent once {done}")
     except WaitTimeoutError as timeout:
         raise OperationError(str(timeout)) from None
-    logger.info(f"{host.print_prefix}{guest.label} restarted, its guest agent answers")
+    logger.info(f"{host.print_prefix}{guest.label} {done}, its guest agent answers")
 
 
 def _probe(
-    guest: Guest, venv: str, planned: tuple[str, Identity], probe_timeout_s: float, timeout_s: float
+    guest: Guest, prefix: str, venv: str, planned: tuple[str, Identity], timeouts: tuple[float, float]
 ) -> None:
     """Set the clique, restart, run the probe bounded in time, judge; on failure back to no clique (SHM).
-    An API or agent call that fails is an OperationError naming it (the clique may then stay: the guest's
-    plan stays SHM without a record, and the next run probes again)."""
+    `timeouts`: the probe's bound, then the API's. An API or agent call that fails is an OperationError
+    naming it (the clique may then stay: the guest's plan stays SHM without a record, and the next run
+    probes again)."""
     if guest_in_run(host):
         logger.info(f"{host.print_prefix}{guest.label}: {DEFERRED}")
         return
     try:
-        _probe_steps(guest, venv, planned, probe_timeout_s, timeout_s)
+        _probe_steps(guest, prefix, venv, planned, timeouts)
     except PveError as error:
         raise OperationError(f"{guest.label}: P2P probe: {error.line}") from None
 
 
 def _probe_steps(
-    guest: Guest, venv: str, planned: tuple[str, Identity], probe_timeout_s: float, timeout_s: float
+    guest: Guest, prefix: str, venv: str, planned: tuple[str, Identity], timeouts: tuple[float, float]
 ) -> None:
     clique, identity = planned
-    if _set_clique(guest, clique, True, timeout_s) and not (_has_venv(guest, venv) and _provisioned(guest)):
+    probe_timeout_s, timeout_s = timeouts
+    try:
+        restarted = _set_clique(guest, prefix, clique, timeout_s, restart=True)
+    except StartFailedError as failed:
+        _fall_back(guest, prefix, identity, failed, timeout_s)
+        return
+    if restarted and not (_has_venv(guest, venv) and _provisioned(guest)):
         # A guest that lost its software with the restart (the lab's guests do) is probed once it has it.
         logger.info(f"{host.print_prefix}{guest.label} restarted with the clique; {NO_VENV}")
         return
@@ -369,7 +420,29 @@ def _probe_steps(
     ran = guest_exec(guest, argv, probe_timeout_s + KILL_AFTER_S + 10)
     judgement = _judged(ran, probe_timeout_s)
     if judgement.failures:
-        _set_clique(guest, "", True, timeout_s)
+        _set_clique(guest, prefix, "", timeout_s, restart=True)
     record = Record("probe", judgement.verdict, identity, judgement.failures, judgement.summary)
     _write(guest, RECORD_PATH, record.text())
     _report(record)
+
+
+def _fall_back(
+    guest: Guest, prefix: str, identity: Identity, failed: StartFailedError, timeout_s: float
+) -> None:
+    """The VM did not start with the clique: remove it, restore the whole-slot paths, start the VM again
+    (it is stopped: a start is a cold start), say so in one line and record SHM with the start's error."""
+    _set_clique(guest, prefix, "", timeout_s, restart=False)
+    try:
+        guest.api.wait_task(guest.api.start_vm(guest.node, guest.vmid), timeout_s)
+    except PveError as error:
+        raise OperationError(
+            f"{guest.label} did not start with the GPUDirect clique ({failed.line}), nor without it: "
+            f"{error.line}"
+        ) from None
+    logger.warning(
+        f"{host.print_prefix}{guest.label} did not start with the GPUDirect clique: {failed.line}; clique "
+        "removed, its GPUs passed whole again, VM started: NCCL plan SHM"
+    )
+    _agent_answers(guest, timeout_s, "started")
+    record = Record("probe", "shm", identity, (not_started_failure(failed.line),), "")
+    _write(guest, RECORD_PATH, record.text())

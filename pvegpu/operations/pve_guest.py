@@ -36,8 +36,9 @@ from pyinfra.context import host
 
 from pvegpu.create_records import CreateLedger
 from pvegpu.models.pve import GuestConfig, TaskStatus
-from pvegpu.models.pve_api import ROOT_USER
+from pvegpu.models.pve_root_only import ROOT_USER
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
+from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.dead_create import CreateRecord, ownership
 from pvegpu.plan.guest_leftovers import left_by_a_create, unfinished
 from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
@@ -270,13 +271,15 @@ def _dead_create(
     record = None if ledger is None else ledger.read(guest.node, guest.kind.path, guest.vmid)
     user = "" if ledger is None else ledger.api_user
     proof = ownership(record, task.upid, guest.kind.create_task, guest.vmid, user)
+    config = f"/nodes/{guest.node}/{guest.kind.path}/{guest.vmid}/config"
+    unlocker = guest.api.acts_as("PUT", config, {"delete": "lock", "skiplock": True})
     refusal = None if proof.own else f"not provably pvegpu's: {proof.why}"
     if refusal is None and guest.kind.destroy is None:
         refusal = f"pvegpu's ({proof.why}), but pvegpu does not destroy a {guest.kind.holder}"
-    elif refusal is None and lock is not None and user != ROOT_USER:
+    elif refusal is None and lock is not None and unlocker != ROOT_USER:
         refusal = (
             f"pvegpu's ({proof.why}), but only {ROOT_USER} may remove a lock through the API "
-            f"and pvegpu acts as {user}"
+            f"and pvegpu acts as {unlocker}"
         )
     if refusal is not None:
         logger.info(f"{host.print_prefix}{guest.label}: the dead create {task.upid} is {refusal}")
@@ -466,8 +469,8 @@ def _refusal(guest: Guest, unbound: Sequence[str]) -> str:
 def _start(guest: Guest, timeout_s: float, after_start: Callable[[], None] | None = None) -> None:
     try:
         guest.api.wait_task(guest.kind.start(guest.api, guest.node, guest.vmid), timeout_s)
-    except TaskFailedError as error:
-        raise OperationError(f"{guest.label} did not start: {error.message}") from None
+    except TaskFailedError as error:  # QEMU's own line where the task log has it
+        raise OperationError(f"{guest.label} did not start: {start_failure(guest.api, error)}") from None
     except PveError as error:
         raise OperationError(f"{guest.label} not started: {error.line}") from None
     _wait_status(guest, "running", timeout_s, "the start task ended OK, but it is not running")

@@ -22,6 +22,30 @@ from pvegpu.wait import WaitTimeoutError, wait_until
 
 _POLL_S = 2.0
 JOURNAL_LINES = 20
+MASKED = "(pvegpu: a line holding a key of the service, not shown)"
+# Run on the host by the venv's Python, the journal on stdin and the key files as arguments (their values
+# never leave the host): each line holding a key's value, or a set `api_key`/`admin_api_key` of a
+# `server_args=` dump, is replaced by MASKED. A key file it cannot read hides the whole journal.
+MASK_SCRIPT = (
+    "import sys\n"
+    "try:\n"
+    "    keys = [k for k in (open(p).read().strip() for p in sys.argv[1:]) if k]\n"
+    "except OSError as error:\n"
+    "    print(f'(pvegpu: journal not shown: {error.filename} cannot be read)')\n"
+    "    sys.exit(0)\n"
+    "for line in sys.stdin:\n"
+    "    line = line.rstrip('\\n')\n"
+    '    set_key = "api_key\': \'" in line or "api_key=\'" in line\n'
+    f"    print({MASKED!r} if set_key or any(k in line for k in keys) else line)\n"
+)
+
+
+def journal_command(python: str, key_files: Sequence[str]) -> StringCommand:
+    """The service's last JOURNAL_LINES journal lines, masked on the host by MASK_SCRIPT."""
+    return StringCommand(
+        "journalctl", "-u", SERVICE, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat",
+        "|", QuoteString(python), "-c", QuoteString(MASK_SCRIPT), *map(QuoteString, key_files),
+    )  # fmt: skip
 
 
 def public_version(version: str) -> str:
@@ -68,14 +92,17 @@ def model_download(
 
 @operation()
 def sglang_ready(
-    *, target: ProbeTarget, timeout_s: float, starting: bool
+    *, target: ProbeTarget, timeout_s: float, starting: bool, key_files: Sequence[str] | None = None
 ) -> Generator[FunctionCommand, None, None]:
     """`/health` and `/v1/models` answer at `target.base_url`. Not `starting` (nothing changed): checked once,
     noop or fail, from the host's state read when it holds the probe of `target` and nothing on the host
     changed since (else by the probe alone).
     `starting`: polled after the (re)start for up to `timeout_s`; failing names the last error and shows the
-    service's last journal lines."""
+    service's last journal lines, each holding a value of `key_files` (default: the probe's key file) masked
+    (`journal_command`)."""
     base_url = target.base_url
+    if key_files is None:
+        key_files = () if target.key_file is None else (target.key_file,)
     if not starting:
         state = unchanged_state(host)
         probe = state.probe if state is not None and state.probe_target == target else None
@@ -97,12 +124,7 @@ def sglang_ready(
         try:
             wait_until(not_ready, timeout_s, f"{SERVICE} does not answer", interval_s=_POLL_S)
         except WaitTimeoutError as timeout:
-            _, journal = host.run_shell_command(
-                StringCommand(
-                    "journalctl", "-u", SERVICE, "-n", str(JOURNAL_LINES), "--no-pager", "-o", "cat"
-                ),
-                print_output=False,
-            )
+            _, journal = host.run_shell_command(journal_command(target.python, key_files), print_output=False)
             lines = "\n".join(journal.stdout_lines)
             raise OperationError(
                 f"{SERVICE} did not answer {base_url}/health and /v1/models within {timeout_s:.0f} s "

@@ -47,7 +47,8 @@ def ownership(
 ) -> Ownership:
     """Whether task `upid`, the newest task of guest `vmid` and ended, is pvegpu's create of it: a task of
     type `create_type` (`qmcreate`, `vzcreate`) for `vmid` that `record` proves pvegpu's (module
-    docstring); `api_user` is who pvegpu acts as (`root@pam` under pvesh, the token id over https)."""
+    docstring); `api_user` is who pvegpu's create runs as (`root@pam` under pvesh, or over https when the
+    create carries a root-only key and went through root's pvesh; else the token id: `PveClient.acts_as`)."""
     task = _UPID.fullmatch(upid)
     if task is None:
         return Ownership(False, f"{upid!r} is not a Proxmox task id")

@@ -11,7 +11,7 @@ per GPU:
   description and the shape of its path (function-less or `.F`);
 - `refused`, with what changed: a card missing or added, moved, another model or subsystem, a group that
   now holds another endpoint, or a line pvegpu cannot read as its own (none or several for the node,
-  `;` alternatives).
+  a `;`-list of paths: one device set that pvegpu does not write).
 
 The physical position. pci.cfg records bus addresses and groups, not slots, so a line's position is its
 index: gpuN was written for the Nth card in physical order (`Topology.order_key`: the firmware's slot
@@ -196,7 +196,7 @@ def _node_line(node: str, index: int, section: PciMapping) -> _Line | GpuHeal:
             Status.REFUSED,
             texts[0],
             entry,
-            reason=f"path {entry.path} has alternatives: pvegpu writes one slot",
+            reason=f"path {entry.path} names {len(entry.paths)} devices passed together: pvegpu writes one",
         )
     return _Line(section, index, texts[0], entry)
 

@@ -8,7 +8,11 @@ prefix), each with one `map` entry per node, sorted by node name:
 - The index is the topology's physical order (`Topology.order_key`), so gpuN names the same card after a
   BIOS change renumbers buses and groups; only the entry's path and group change.
 - `path` is the function-less slot address, so the GPU and its HDMI audio go to the VM together;
-  Proxmox checks function .0 of it, which must therefore be the GPU itself.
+  Proxmox checks function .0 of it, which must therefore be the GPU itself. A GPU that gets a GPUDirect
+  clique (`single_function`, per node: the hostpci indexes of the node's VM, plan/p2p.py) is mapped by its
+  display function, `path=0000:41:00.0`: qemu-server then passes that one function and names the device
+  `hostpciN`, which QEMU's `-set` can address (a multifunction slot's `hostpciN.0` it cannot). Its HDMI audio
+  function stays on the host, bound to vfio-pci with the rest of the group and used by nobody.
 - `id` is the lowercase vendor:device and `subsystem-id`/`iommugroup` are always written: Proxmox's live
   check fails an entry that lacks a property the hardware reports.
 Refused: a node whose topology is not ok (a refused GPU, a count problem) and nodes that disagree on the
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from pvegpu.models.pve import CONFIG_ID, MapEntry, MapEntryError, PciMapping, parse_map_entry
@@ -55,8 +59,15 @@ def managed_index(prefix: str, name: str) -> int | None:
     return None if match is None else int(match[1])
 
 
-def plan_mappings(topologies: Mapping[str, Topology], prefix: str = DEFAULT_PREFIX) -> tuple[PciMapping, ...]:
-    """One mapping per GPU index over every node (see the module docstring); raises MappingPlanError."""
+def plan_mappings(
+    topologies: Mapping[str, Topology],
+    prefix: str = DEFAULT_PREFIX,
+    single_function: Mapping[str, Collection[int]] | None = None,
+) -> tuple[PciMapping, ...]:
+    """One mapping per GPU index over every node (see the module docstring); `single_function`: per node,
+    the GPU indexes mapped by their display function (`.0`) instead of the whole slot. Raises
+    MappingPlanError."""
+    single = single_function or {}
     if not topologies:
         raise MappingPlanError(["no node to map"])
     nodes = sorted(topologies)
@@ -74,7 +85,7 @@ def plan_mappings(topologies: Mapping[str, Topology], prefix: str = DEFAULT_PREF
             entries.append(
                 MapEntry(
                     node=node,
-                    path=gpu.address,
+                    path=slot_path(gpu.address, index in single.get(node, ())),
                     id=gpu.id,
                     subsystem_id=gpu.subsystem_id,
                     iommugroup=gpu.iommu_group,
@@ -82,6 +93,31 @@ def plan_mappings(topologies: Mapping[str, Topology], prefix: str = DEFAULT_PREF
             )
         mappings.append(PciMapping(id=mapping_id(prefix, index), map=tuple(e.text for e in entries)))
     return tuple(mappings)
+
+
+def slot_path(slot: str, single_function: bool) -> str:
+    """A map line's path for the card in `slot` (`0000:41:00`): the slot (every function), or its display
+    function `0000:41:00.0` when it is passed single-function."""
+    return f"{slot}.0" if single_function else slot
+
+
+def with_path_shape(mapping: PciMapping, node: str, single_function: bool) -> PciMapping:
+    """`mapping` with `node`'s map line naming its slot single-function (`.0`) or whole; every other line, a
+    line already of that shape, and a line that does not parse or holds a `;`-list of paths (not pvegpu's
+    shape), byte for byte."""
+    lines = []
+    for text in mapping.map:
+        try:
+            entry = parse_map_entry(text)
+        except MapEntryError:
+            lines.append(text)
+            continue
+        path = slot_path(re.sub(r"\.[0-9a-f]$", "", entry.path), single_function)
+        if entry.node != node or len(entry.paths) != 1 or path == entry.path:
+            lines.append(text)
+            continue
+        lines.append(replace(entry, path=path).text)
+    return replace(mapping, map=tuple(lines))
 
 
 def _node_problems(node: str, topology: Topology) -> list[str]:

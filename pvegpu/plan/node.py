@@ -124,7 +124,7 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
         functions=functions,
         host=host,
         vfio=vfio,
-        mmio=_mmio(specs, hardware, topology),
+        mmio=_mmio(specs, hardware, topology, observed.cpu_kernel),
         numa=numa,
         numa_problem=numa_problem,
         steps=node_steps(node.profile, has_container=specs.lxc is not None, waiting=waiting)
@@ -140,17 +140,21 @@ def _numa(specs: HostSpecs, hardware: HostHardware, topology: Topology) -> tuple
     if specs.vm is None:
         return None, None
     try:
-        return plan_numa(specs.vm, hardware, topology.gpus, specs.pve.api_user), None
+        return plan_numa(specs.vm, hardware, topology.gpus, specs.pve.root_user), None
     except PlanError as error:
         return None, str(error)
 
 
-def _mmio(specs: HostSpecs, hardware: HostHardware, topology: Topology) -> MmioWindow | None:
-    """The VM's 64-bit MMIO window; None without `vm` data or a 64-bit prefetchable BAR (OVMF's default
-    aperture is enough then)."""
+def _mmio(
+    specs: HostSpecs, hardware: HostHardware, topology: Topology, cpu_kernel: CpuKernel | None
+) -> MmioWindow | None:
+    """The VM's 64-bit MMIO window, and what the guest gets with the node's CPU and qemu-server; None without
+    `vm` data or a 64-bit prefetchable BAR (OVMF's default aperture is enough then)."""
     if specs.vm is None:
         return None
+    known = cpu_kernel or CpuKernel(None, (0, 0))
+    cards = passed_functions(hardware, topology.gpus)
     try:
-        return plan_mmio(passed_functions(hardware, topology.gpus), specs.vm.memory)
+        return plan_mmio(cards, specs.vm.memory, specs.vm.mmio, known.phys_bits, known.qemu_server)
     except ValueError:
         return None

@@ -20,7 +20,10 @@ no longer plans are deleted (a stale `numa1` would break Proxmox's sum check). W
 is left as it is (it contradicts nothing; delete it with `qm set <vmid> --delete affinity`).
 
 Proxmox lets only root@pam set `affinity` (API2/Qemu.pm: `only root can set 'affinity' config`; `numaN`
-need only VM.Config.CPU): with another API user the plan has no `affinity`, and says so in its reason.
+need only VM.Config.CPU): an API token's run sets it through root's pvesh on the node
+(pvegpu.pve `RootRouted`). Without a root path (`root_user` None) the default layout has no `affinity`, and
+says so in its reason; an explicit `numa_layout: host` or `host_reserved_cores` was refused at inventory
+validation then (pvegpu.models.root_only_features).
 
 `host_reserved_cores` (None: the first CPU of each host node the VM uses) stays out of `affinity`: CPU 0
 and each node's first CPU carry much of the host's housekeeping (timers, RCU, many IRQs, pvegpu's own
@@ -53,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.pve_api import ROOT_USER
+from pvegpu.models.pve_root_only import ROOT_USER
 from pvegpu.models.vm import VmSpec
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.topology import GpuCard
@@ -107,12 +110,13 @@ class NumaPlan:
 
 
 def plan_numa(
-    spec: VmSpec, hardware: HostHardware, gpus: Sequence[GpuCard], api_user: str = ROOT_USER
+    spec: VmSpec, hardware: HostHardware, gpus: Sequence[GpuCard], root_user: str | None = ROOT_USER
 ) -> NumaPlan:
-    """The VM's NUMA plan (module docstring); `api_user` is who sets the config (no `affinity` unless
-    root@pam). Raises PlanError naming the `vm.` field for a layout `host` that cannot be built: a GPU
-    without a NUMA node, a host node without CPUs, more than 8 guest nodes, `cores` that do not split
-    evenly, memory that is not whole hugepages per node, or an empty affinity."""
+    """The VM's NUMA plan (module docstring); `root_user` is who writes root-only keys
+    (`PveApiSpec.root_user`; None: nobody, so no `affinity`). Raises PlanError naming the `vm.` field for a
+    layout `host` that cannot be built: a GPU without a NUMA node, a host node without CPUs, more than 8
+    guest nodes, `cores` that do not split evenly, memory that is not whole hugepages per node, or an empty
+    affinity."""
     layout = spec.numa_layout or _default_layout(spec, hardware, gpus)
     if layout == "flat":
         reason = "vm.numa_layout: flat" if spec.numa_layout else _flat_reason(spec, hardware)
@@ -168,8 +172,8 @@ def plan_numa(
             f"({', '.join(map(str, host_nodes))}) for the VM"
         )
     reason = "vm.numa_layout: host" if spec.numa_layout else _host_reason(hardware, host_nodes)
-    if api_user != ROOT_USER:
-        reason += f"; no affinity: only root@pam can set it, and the API is used as {api_user}"
+    if root_user is None:
+        reason += "; no affinity: only root@pam can set it, and pvegpu has no root path to the node"
         return NumaPlan("host", reason, sockets=count, cores=cores, nodes=nodes)
     return NumaPlan("host", reason, sockets=count, cores=cores, nodes=nodes, affinity=cpuset(allowed))
 

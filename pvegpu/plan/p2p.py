@@ -12,8 +12,14 @@ may talk peer to peer. It can work, hang, or silently corrupt data (NVIDIA/nccl 
 The clique: the GPUs that may peer are those under one host root complex; on an AMD host every GPU of the
 VM, since its data fabric carries P2P between root complexes (bare-metal P2P on the reference box). One
 clique id per group of two GPUs or more, 0..15 (NVIDIA's range). Each part addresses the device as
-qemu-server names it: `hostpciN.0`, since pvegpu's mappings are function-less paths (all functions, so
-multifunction) — shared/knowledge/proxmox-hostpci-vm-config.md §2.
+qemu-server names it: `-set device.hostpciN.x-nv-gpudirect-clique=C`. QEMU's `-set group.id.prop=value`
+splits on dots (`qemu_set_option`), so the id must have none: a GPU that gets a clique is passed
+single-function (its mapping's path names the display function, `0000:41:00.0`, plan/mapping.py), which
+qemu-server names `hostpciN`; a function-less path passes every function of the slot and names them
+`hostpciN.0`, `hostpciN.1`, ... (qemu-server PCI.pm `print_hostpci_devices`: `$mf_addr`), which `-set` cannot
+reach — shared/knowledge/proxmox-hostpci-vm-config.md §2. pvegpu's parts of an earlier version,
+`-set device.hostpciN.0.x-nv-...` (read by QEMU as device `hostpciN`, property `0.x-nv-...`: the VM never
+starts), are recognised as pvegpu's too, so they are replaced or removed.
 """
 
 from __future__ import annotations
@@ -28,9 +34,9 @@ from pvegpu.plan.topology import Topology
 
 MAX_CLIQUE = 15  # the property's range is 0..15
 PROBE_PATH = "/usr/local/lib/pvegpu/p2p_probe.py"
-# pvegpu's own clique parts: `-set device.hostpci<N>.0.x-nv-gpudirect-clique=<C>` (an operator's part written
-# another way, e.g. `device.hostpci0.x-nv-...`, is the operator's and kept).
-CLIQUE_PART = re.compile(r"\s*-set\s+device\.hostpci\d+\.0\.x-nv-gpudirect-clique=\d+")
+# pvegpu's own clique parts: `-set device.hostpci<N>.x-nv-gpudirect-clique=<C>`, and the `hostpci<N>.0.` form
+# an earlier pvegpu wrote (never started: removed or replaced). Any other part of `args` is the operator's.
+CLIQUE_PART = re.compile(r"\s*-set\s+device\.hostpci(\d+)(\.0)?\.x-nv-gpudirect-clique=\d+")
 UNPROVEN = (
     "vm.p2p is on: GPU peer-to-peer is enabled in the VM without a probe (unproven; it can hang NCCL or "
     "silently corrupt data, NVIDIA/nccl #2335): use vm.p2p: probe to have it checked"
@@ -58,17 +64,36 @@ def plan_cliques(topology: Topology, cpu_vendor: str | None) -> tuple[tuple[int,
 
 
 def clique_args(cliques: Sequence[Sequence[int]]) -> str:
-    """`-set device.hostpci<N>.0.x-nv-gpudirect-clique=<C>` for every GPU of clique C (C = its position)."""
+    """`-set device.hostpci<N>.x-nv-gpudirect-clique=<C>` for every GPU of clique C (C = its position)."""
     return " ".join(
-        f"-set device.hostpci{index}.0.x-nv-gpudirect-clique={clique}"
+        f"-set device.hostpci{index}.x-nv-gpudirect-clique={clique}"
         for clique, group in enumerate(cliques)
         for index in group
     )
 
 
 def own_clique(current: str | None) -> str:
-    """pvegpu's clique parts of `current` args, in order, one space apart ('' when none)."""
-    return " ".join(match.strip() for match in CLIQUE_PART.findall(current or ""))
+    """pvegpu's clique parts of `current` args (either form), in order, one space apart ('' when none)."""
+    return " ".join(match[0].strip() for match in CLIQUE_PART.finditer(current or ""))
+
+
+def clique_devices(args: str | None) -> frozenset[int]:
+    """The hostpci indexes pvegpu's clique parts of `args` name in the form QEMU can reach: the GPUs to pass
+    single-function (a part of the earlier `hostpciN.0.` form names none: it is replaced or removed)."""
+    return frozenset(int(match[1]) for match in CLIQUE_PART.finditer(args or "") if match[2] is None)
+
+
+def single_function_gpus(mode: P2pMode, planned: str, config_args: str | None) -> frozenset[int]:
+    """The hostpci indexes (= GPU indexes) of a node's VM whose mappings name the display function: with
+    `on` those of the `planned` clique; with `probe` those the VM's config (`config_args`, pending values
+    applied: what its next start gets) holds a clique part for, since the probe sets and removes the clique
+    and the path shape together (pvegpu/operations/p2p.py); with `off` none, so the original whole-slot
+    paths come back."""
+    if mode == "on":
+        return clique_devices(planned)
+    if mode == "probe":
+        return clique_devices(config_args)
+    return frozenset()
 
 
 def vm_devices(config: Mapping[str, object], clique: str) -> str:
@@ -155,3 +180,9 @@ def guest_uses_p2p(mode: P2pMode | None, record: Record | None) -> bool:
     if mode == "on":
         return True
     return mode == "probe" and record is not None and record.mode == "probe" and record.verdict == "p2p"
+
+
+def not_started_failure(start_error: str) -> str:
+    """The failure line recorded when the VM did not start with the clique (`start_error`: the start's own
+    error line)."""
+    return f"the VM did not start with the GPUDirect clique: {start_error}"

@@ -8,15 +8,17 @@ MAC then):
     plan/numa.py's layout with its numaN and affinity keys), memory, numa,
     hugepages (when set), balloon 0, agent 1, onboot, scsihw, hostpciN (mapping=<prefix>N,pcie=1),
     args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args, then the clique parts for
-    vm.p2p = on) or cpu host,phys-bits=N,
+    vm.p2p = on) or cpu host,guest-phys-bits=N (plan/mmio.py),
     hookscript (pvegpu's pre-start hook, unless vm.self_heal is off; `off` deletes only pvegpu's)
 
 `diff_vm` compares with the config the API returns (ints and strings as Proxmox types them) and never
 touches a disk that exists: a missing disk is added, an existing one is left as it is, nothing is recreated.
 `args` is shared: pvegpu owns only its `X-PciMmio64Mb` part and its GPUDirect clique parts
-(`-set device.hostpciN.0.x-nv-gpudirect-clique=C`, plan/p2p.py) and keeps every other part verbatim; the
-clique parts are set here with `vm.p2p: on`, removed with `off`, and with `probe` (`keep_clique`) left to
-the P2P operation (pvegpu/operations/p2p.py).
+(`-set device.hostpciN.x-nv-gpudirect-clique=C`, and the `hostpciN.0.` form of an earlier version,
+plan/p2p.py) and keeps every other part verbatim; the clique parts are set here with `vm.p2p: on`, removed
+with `off`, and with `probe` (`keep_clique`) left to the P2P operation (pvegpu/operations/p2p.py).
+`cpu` never has `hidden=1` (kvm=off: the guest's NVIDIA driver then ignores the clique): pvegpu's `cpu`
+value replaces the VM's, and when the VM's had `hidden=1` beside a clique, `VmChange.notes` says so.
 pvegpu owns every `numaN` (a key it no longer plans is deleted: Proxmox refuses nodes whose memory does not
 add up).
 """
@@ -43,6 +45,7 @@ NVIDIA = "10de"
 DISPLAY = 0x03
 _MMIO_ARG = re.compile(r"\s*-fw_cfg\s+name=opt/ovmf/X-PciMmio64Mb,string=\S+")
 NUMA_NODE_KEY = re.compile(r"numa[0-9]+")
+_TRUE = ("1", "on", "yes", "true")  # Proxmox's true booleans
 
 
 def vm_config(
@@ -55,9 +58,8 @@ def vm_config(
     """The keys pvegpu converges (see the module docstring), values as Proxmox stores them; `numa` None:
     one socket of `vm.cores`, no numaN (the flat layout). `clique`: plan/p2p.py's clique parts, set in
     `args` with `vm.p2p: on` (with `probe` and `off` plan/p2p's operation owns them)."""
-    cpu = "host"
-    if window is not None and spec.mmio == "phys-bits":
-        cpu = f"host,phys-bits={window.phys_bits}"
+    # plan/mmio.py: `host`, or `host,guest-phys-bits=N` with vm.mmio phys-bits (QEMU ignores phys-bits there).
+    cpu = "host" if window is None or spec.mmio != "phys-bits" else window.cpu
     config = {
         "name": spec.name,
         "machine": spec.machine,
@@ -127,14 +129,34 @@ def create_keys(spec: VmSpec) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class VmChange:
-    """Keys to set (value as Proxmox stores it) and keys to delete; both empty: no change."""
+    """Keys to set (value as Proxmox stores it) and keys to delete; both empty: no change. `notes`: lines
+    that say why a value of the VM's is replaced where that is not plain convergence (`hidden_dropped`)."""
 
     set: dict[str, str]
     delete: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
         return bool(self.set or self.delete)
+
+
+def cpu_hidden(cpu: object) -> bool:
+    """Whether a `cpu` value hides the hypervisor: its `hidden` option true (`1|on|yes|true`; qemu-server
+    CPUConfig.pm then adds `kvm=off`)."""
+    options = (part.partition("=") for part in str(cpu or "").split(","))
+    return any(key.strip() == "hidden" and value.strip().lower() in _TRUE for key, _, value in options)
+
+
+def hidden_dropped(cpu: object, clique: str) -> str | None:
+    """The line said when the VM's `cpu`, with `hidden=1`, is replaced while `clique` (plan/p2p.py parts)
+    is set; None when it has no `hidden=1` or no clique is set."""
+    if not clique or not cpu_hidden(cpu):
+        return None
+    return (
+        f"cpu {cpu} has hidden=1 (kvm=off), with which the guest's NVIDIA driver ignores the GPUDirect "
+        "clique (vm.p2p): pvegpu's cpu value, without hidden, replaces it"
+    )
 
 
 def merge_args(current: str | None, mmio_args: str | None, clique: str | None = None) -> str:
@@ -213,11 +235,13 @@ def diff_vm(
         to_set["net0"] = create["net0"]
     elif (net[0], net[2]) != (model, bridge):
         to_set["net0"] = f"{model}={net[1]},bridge={bridge}" if net[1] else create["net0"]
+    note = hidden_dropped(current.get("cpu"), own_clique(args)) if "cpu" in to_set else None
+    notes = () if note is None else (note,)
     if legacy:
-        return VmChange(to_set, tuple(delete))
+        return VmChange(to_set, tuple(delete), notes)
     change = diff_hostpci(hostpci, current, prefix)
     to_set.update(change.set)
-    return VmChange(to_set, (*delete, *change.delete))
+    return VmChange(to_set, (*delete, *change.delete), notes)
 
 
 def _net(value: object) -> tuple[str, str, str] | None:
@@ -244,3 +268,28 @@ def unbound_functions(hw: HostHardware, topology: Topology) -> tuple[str, ...]:
 def nvidia_gpus(hw: HostHardware) -> tuple[str, ...]:
     """Addresses of the NVIDIA display functions `hw` shows (what a guest counts as its GPUs)."""
     return tuple(f.address for f in hw.functions if f.vendor == NVIDIA and f.class_code >> 16 == DISPLAY)
+
+
+def pending_keys(next_start: Mapping[str, object], now: Mapping[str, object]) -> tuple[str, ...]:
+    """The keys a running VM's next cold start changes, sorted: those whose value differs between its config
+    with pending values applied (`next_start`, `GET …/config`) and without (`now`, `current=1`), deleted
+    ones included; `digest` aside. Proxmox keeps such a change in `[PENDING]` while the VM runs (`args`,
+    `hostpciN`, `cpu`, `machine`, ...: qemu-server API2/Qemu.pm `$update_vm_api`, what it cannot
+    hotplug) and applies it only when QEMU starts again; a reboot inside the guest keeps the same QEMU."""
+    keys = (set(next_start) | set(now)) - {"digest"}
+    return tuple(sorted(key for key in keys if str(next_start.get(key)) != str(now.get(key))))
+
+
+def apply_command(vmid: int) -> str:
+    """The command on the node that applies a running VM's pending changes: a cold restart."""
+    return f"qm shutdown {vmid} && qm start {vmid}"
+
+
+def pending_report(vmid: int, node: str, keys: Sequence[str], why_not: str) -> str:
+    """The warning for pending changes pvegpu does not apply itself (`why_not`: the reason)."""
+    them = "it" if len(keys) == 1 else "them"
+    return (
+        f"VM {vmid}: {', '.join(keys)} pending: Proxmox applies {them} at the VM's next cold start, not "
+        f"while it runs nor at a reboot inside the guest; {why_not}; to apply {them}, on {node}: "
+        f"{apply_command(vmid)}"
+    )

@@ -84,9 +84,14 @@ def test_wrong_checksum_stops_before_the_vm_then_dhcp_guest_joins_strictly(
     assert not (node.root / "var/lib/vz/import" / IMAGE).exists()
 
     dhcp = {"ipconfig": "ip=dhcp"}
-    code, output = deploy(pyinfra_cli, monkeypatch, dhcp, "deploy/vm.py")
+    code, output = deploy(pyinfra_cli, monkeypatch, dhcp, "-vv", "deploy/vm.py")  # -vv: every command shown
     assert code == 0, output
     private, _ = host_key_files(hosts.known_hosts_path(), f"{node_name}v100")
+    # The user-data holding the guest's private host key went up as a file: no command line showed it.
+    body = [line for line in private.read_text().splitlines() if line and not line.startswith("-----")]
+    assert body, private
+    assert [line for line in body if line in output] == []
+    assert "PRIVATE KEY" not in output
     address = recorded_address(private)
     assert address is not None, output
     assert address.startswith("10.200."), output

@@ -50,8 +50,9 @@ HOOK = ROLE + "The node's pre-start hookscript is installed"
 CONVERT = ROLE + "Convert an existing i440FX/SeaBIOS VM to Q35/OVMF"
 DISK = ROLE + "The VM's system disk has its size"
 KNOWN = ROLE + "The guest's address and host key are known"
+PENDING = ROLE + "Apply the VM's pending changes (a cold restart)"
 # Once the VM exists the image is not looked at again (it is read once, on create).
-SETTLED = dict.fromkeys((SYNC, STORAGE, SNIPPET, HOOK, CONVERT, VM, DISK, START, KNOWN), "no_change")
+SETTLED = dict.fromkeys((SYNC, STORAGE, SNIPPET, HOOK, CONVERT, VM, DISK, START, KNOWN, PENDING), "no_change")
 CLOUD_IMAGE = "debian-12-genericcloud-amd64.qcow2"
 SNIPPET_PATH = "var/lib/vz/snippets/pvegpu-100-user.yaml"
 
@@ -92,6 +93,12 @@ case "$*" in
 esac
 exec /usr/bin/sync.real "$@"
 """
+
+
+@pytest.fixture(autouse=True)
+def pvesh_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The faults are armed in a wrapper around the node's pvesh: the API is reached through it (`ssh`)."""
+    monkeypatch.setenv("PVEGPU_LAB_PVE_BACKEND", "ssh")
 
 
 @pytest.fixture
@@ -255,7 +262,7 @@ def test_cut_download_then_cut_snippet_write_each_finished_by_the_next_run(
     cut_snippet = failing(pyinfra_cli, node)
 
     assert (
-        f"{SNIPPET} \n    [{pve_name}] Error: executed 1 commands\n" in cut_snippet  # mkdir, then the write
+        f"{SNIPPET} \n    [{pve_name}] Error: executed 2 commands\n" in cut_snippet  # staged, uploaded, cut
     ), cut_snippet
     assert "PRIVATE KEY" not in cut_snippet  # the staged user-data holds the guest's host key: never printed
     # The download was finished; the snippet was staged (root-only: it holds the guest's host key), never

@@ -2,6 +2,9 @@
 4 GPUs per NUMA node) the VM's config file has exactly the numaN, affinity, sockets/cores, hugepages and
 `args` keys planned (pvegpu/plan/numa.py), the stand-in starts it (Memory.pm's NUMA checks pass), an
 operator's own `args` part is kept beside pvegpu's MMIO window, and a second run changes nothing.
+
+It reaches the node through the `ssh` backend (root's pvesh for every call), so that backend stays tested
+beside the lab's default (`https` with the token, root-only keys through root's pvesh).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pvegpu.plan.topology import plan_topology
 from tests.lab.test_lab_vm import (
     DISK,
     KNOWN,
+    PENDING,
     START,
     STORAGE,
     SYNC,
@@ -38,7 +42,12 @@ from tests.lab.test_lab_vm import (
 pytestmark = pytest.mark.lab
 
 MEMORY = 8192
-CLIQUE = "-set device.hostpci0.x-nv-gpudirect-clique=0"  # an operator's own part of `args`
+CLIQUE = "-msg timestamp=on"  # an operator's own part of `args` (no part pvegpu writes)
+
+
+@pytest.fixture(autouse=True)
+def ssh_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PVEGPU_LAB_PVE_BACKEND", "ssh")
 
 
 @pytest.fixture
@@ -92,11 +101,13 @@ def test_vm_numa_layout_host_on_the_reference_box(
         "args": mmio,
     }
 
-    # The operator adds a part of their own to `args` (pending: the VM runs); pvegpu keeps it.
+    # The operator adds a part of their own to `args` (pending: the VM runs); pvegpu keeps it, and its cold
+    # restart (pve_host.allow_reboot) applies it; the next run changes nothing.
     lab_ssh(node, f"pvesh set /nodes/{pve_name}/qemu/100/config --args '{CLIQUE} {mmio}'")
     again, _ = run(pyinfra_cli, "deploy/vm.py", node)
 
-    assert again == UNCHANGED
+    assert again == UNCHANGED | {PENDING: "success"}
+    assert run(pyinfra_cli, "deploy/vm.py", node)[0] == UNCHANGED
     assert vm_conf(node)["args"] == f"{CLIQUE} {mmio}"
     assert Path(node.root / "etc/pve/qemu-server/100.conf").read_text().count("numa0: ") == 1
 

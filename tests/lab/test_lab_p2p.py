@@ -5,9 +5,12 @@ documented plan. The probe runs in deploy/vm.py runs: deploy/site.py, which also
 defers it (a VM restart would cut the guest's connection).
 
 - The probe needs the guest's driver and venv: until deploy/site.py installed them, the node says it is
-  pending and keeps SHM. With them and no record, the node sets its clique parts (beside the operator's
-  part and the MMIO window part) and restarts the VM. A lab guest loses what was installed when its VM
-  restarts (the lab does not keep a guest's disk), so it is provisioned again before the probe runs.
+  pending and keeps SHM. With them and no record, the node maps the GPUs single-function (`path=...:00.0`:
+  QEMU's `-set` reaches `hostpciN`, never `hostpciN.0`), sets its clique parts
+  (`-set device.hostpciN.x-nv-gpudirect-clique=C`, beside the operator's part and the MMIO window part) and
+  restarts the VM, which the lab's real QEMU accepts; a failed probe maps them whole again. A lab guest
+  loses what was installed when its VM restarts (the lab does not keep a guest's disk), so it is
+  provisioned again before the probe runs.
 - A hang: the probe is killed at `vm.p2p_probe_timeout_s`, the run stays within that bound plus the
   restart, the clique is removed, the VM restarted, the record says SHM, and the guest's plan is SHM. The
   next run changes nothing.
@@ -31,7 +34,9 @@ import pytest
 from lab import boot, hosts
 from lab.pve import node as pve_node
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.pve import parse_map_entry
 from pvegpu.plan.mmio import passed_functions, plan_mmio
 from pvegpu.plan.p2p import NO_DRIVER, NO_VENV, clique_args, plan_cliques
 from pvegpu.plan.topology import plan_topology
@@ -42,7 +47,7 @@ pytestmark = pytest.mark.lab
 
 MEMORY = 8192
 TIMEOUT_S = 20
-OPERATOR = "-set device.hostpci0.x-nv-gpudirect-clique=0"  # the operator's own part of `args`
+OPERATOR = "-msg timestamp=on"  # the operator's own part of `args` (no part pvegpu writes)
 P2P = "Create and start the Q35 VM | GPU peer-to-peer in the VM (vm.p2p)"
 RECORD = "var/lib/pvegpu/p2p-probe.json"
 SHM_FLAGS = "--enable-p2p-check --disable-custom-all-reduce"
@@ -90,6 +95,12 @@ def serving_plan(guest_name: str) -> tuple[str, str]:
     return p2p, flags
 
 
+def paths(node: hosts.LabHost) -> list[str]:
+    """The `path` of each of pvegpu's mappings on the node (pci.cfg, in gpuN order)."""
+    text = (node.root / "etc/pve/mapping/pci.cfg").read_text()
+    return [parse_map_entry(line).path for mapping in parse_pci_cfg(text).mappings for line in mapping.map]
+
+
 @dataclass(frozen=True)
 class Box:
     """The node, its guest's name, the CLI, and the `args` parts expected."""
@@ -99,6 +110,14 @@ class Box:
     cli: Cli
     mmio: str
     clique: str
+    slots: tuple[str, ...]  # the GPUs' slots, in gpuN order
+
+    def whole(self) -> list[str]:
+        return list(self.slots)
+
+    def single(self) -> list[str]:
+        """Each slot's display function: how a GPU with a clique is mapped."""
+        return [f"{slot}.0" for slot in self.slots]
 
     def vm(self) -> tuple[dict[str, str], list[str]]:
         return run(self.cli, "deploy/vm.py", self.node.name)
@@ -131,12 +150,14 @@ def test_vm_p2p_probe_hang_success_slower_checksum(
     clique = clique_args(plan_cliques(gpus, vendor))
     if not clique:
         pytest.skip("the lab node's CPU (this machine's) is not AMD: the reference box has no clique then")
-    box = Box(node, f"{pve_name}v100", pyinfra_cli, f"{OPERATOR} {mmio}", clique)
+    slots = tuple(gpu.address for gpu in gpus.gpus)
+    box = Box(node, f"{pve_name}v100", pyinfra_cli, f"{OPERATOR} {mmio}", clique, slots)
 
     # The VM is new, its guest not provisioned: the probe waits; the operator adds a part of their own.
     ops, lines = box.vm()
     assert ops[P2P] == "no_change"
     assert NO_DRIVER in lines
+    assert paths(node) == box.whole()  # no clique yet: every function of each card
     lab_ssh(node, f"pvesh set /nodes/{pve_name}/qemu/100/config --args '{OPERATOR} {mmio}'")
     box.site()
     assert serving_plan(box.guest) == ("", SHM_FLAGS)
@@ -150,6 +171,7 @@ def test_vm_p2p_probe_hang_success_slower_checksum(
     guest_file(box.guest, RECORD).unlink()
     _clique_set(box)
     _checksum(box)
+    _on_then_off(box, monkeypatch, vm_data)
 
 
 def _clique_set(box: Box) -> None:
@@ -158,6 +180,8 @@ def _clique_set(box: Box) -> None:
     ops, lines = box.vm()
     assert ops[P2P] == "success"
     assert box.args() == f"{box.mmio} {box.clique}"
+    assert paths(box.node) == box.single()  # QEMU's `-set` reaches `hostpciN`, not `hostpciN.0`
+    assert "VM 100: mapping gpu0 on " + box.node.name + ": single-function (its display function)" in lines
     assert f"VM 100 restarted with the clique; {NO_VENV}" in lines
     box.site()
 
@@ -173,6 +197,7 @@ def _hang(box: Box) -> None:
     assert f"P2P probe failed: {hang}; NCCL plan SHM" in lines
     assert TIMEOUT_S <= took < TIMEOUT_S + 120, took
     assert box.args() == box.mmio
+    assert paths(box.node) == box.whole()  # the clique gone: the cards whole again
     record = json.loads(guest_file(box.guest, RECORD).read_text())
     assert (record["mode"], record["verdict"], record["failures"]) == ("probe", "shm", [hang])
     box.site()  # the restarted guest provisioned again
@@ -180,6 +205,7 @@ def _hang(box: Box) -> None:
     again, _ = box.vm()
     assert set(again.values()) == {"no_change"}
     assert box.args() == box.mmio
+    assert paths(box.node) == box.whole()
 
 
 def _success(box: Box) -> None:
@@ -190,6 +216,7 @@ def _success(box: Box) -> None:
     measured = "all-reduce latency 3.0 us with P2P vs 13.0 us with SHM, bus bandwidth 78.7 GB/s vs 34.9 GB/s"
     assert f"P2P proven in the VM ({measured}): NCCL plan P2P" in lines
     assert box.args() == f"{box.mmio} {box.clique}"
+    assert paths(box.node) == box.single()
     ops, lines = box.site()
     assert "vm.p2p probe: NCCL plan P2P" in lines
     assert serving_plan(box.guest) == ("NCCL_P2P_LEVEL=SYS", "--enable-p2p-check")
@@ -205,6 +232,7 @@ def _slower(box: Box) -> None:
     measured = "all-reduce latency 40.0 us with P2P vs 13.0 us with SHM, bus bandwidth 14.0 GB/s vs 34.9 GB/s"
     assert f"P2P probe failed: P2P does not beat SHM: {measured}; NCCL plan SHM" in lines
     assert box.args() == box.mmio
+    assert paths(box.node) == box.whole()
 
 
 def _checksum(box: Box) -> None:
@@ -215,3 +243,22 @@ def _checksum(box: Box) -> None:
     assert box.args() == box.mmio
     box.site()
     assert serving_plan(box.guest) == ("", SHM_FLAGS)
+
+
+PENDING = "Create and start the Q35 VM | Apply the VM's pending changes (a cold restart)"
+MAPPINGS = "Sync the PCI mappings | Sync the PCI mappings with the live IOMMU groups"
+
+
+def _on_then_off(box: Box, monkeypatch: pytest.MonkeyPatch, vm_data: dict[str, object]) -> None:
+    """`on` on the running VM: the GPUs mapped single-function, the clique in `args` (pending while the VM
+    runs), the VM cold-restarted (`pve_host.allow_reboot`) under real QEMU; then `off`: whole slots and no
+    clique again, restarted. Each second run changes nothing."""
+    for mode, args, shape in (("on", f"{box.mmio} {box.clique}", box.single), ("off", box.mmio, box.whole)):
+        monkeypatch.setenv("PVEGPU_LAB_VM_DATA", json.dumps({**vm_data, "p2p": mode}))
+        ops, lines = box.vm()
+        assert (ops[MAPPINGS], ops[PENDING]) == ("success", "success"), lines
+        assert "VM 100: args pending: cold restart to apply them" in lines
+        assert "VM 100 restarted: its pending changes apply" in lines
+        assert (box.args(), paths(box.node)) == (args, shape())
+        again, _ = box.vm()
+        assert set(again.values()) == {"no_change"}, {k: v for k, v in again.items() if v != "no_change"}

@@ -34,7 +34,17 @@ from lab.images import CATALOGUE, image_bytes
 from lab.pve import node as pve_node
 from pvegpu.facts.nvidia import parse_version_file
 from pvegpu.hook.bundle import BUNDLE_PATH
-from tests.lab.test_lab_faults import CONVERT, DISK, HOOK, IMAGE, KNOWN, SNIPPET, STORAGE, guest_reached
+from tests.lab.test_lab_faults import (
+    CONVERT,
+    DISK,
+    HOOK,
+    IMAGE,
+    KNOWN,
+    PENDING,
+    SNIPPET,
+    STORAGE,
+    guest_reached,
+)
 from tests.lab.test_lab_vm import START, SYNC, VM
 
 pytestmark = pytest.mark.lab
@@ -125,6 +135,7 @@ VM_OPS = {
     DISK: "success",
     START: "success",
     KNOWN: "success",
+    PENDING: "no_change",
 }
 # Back on `vm`: the VM exists (its image is not looked at again), onboot 1 again and started; the mappings,
 # the storage, the snippet, the hookscript, the disk and the guest's host key are as the fresh deploy left
@@ -142,6 +153,7 @@ VM_BACK = {
     DISK: "no_change",
     START: "success",
     KNOWN: "no_change",
+    PENDING: "no_change",
 }
 
 

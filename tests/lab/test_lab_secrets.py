@@ -43,7 +43,7 @@ def _deploy(
 ) -> subprocess.CompletedProcess[str]:
     extra = {"sglang": {"host": "0.0.0.0", "api_key_file": key_file}}
     monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps(extra))
-    return cli("-y", "--limit", guest.name, INVENTORY, DEPLOY, check=False)
+    return cli("-y", "-vv", "--limit", guest.name, INVENTORY, DEPLOY, check=False)  # -vv prints every command
 
 
 def _status(lab_ssh: LabSsh, guest: hosts.LabHost, key: str | None) -> str:
@@ -84,13 +84,16 @@ def test_key_only_reaches_sglang_and_bad_key_files_never_stop_it(
     lab_machine_ps = subprocess.run(["ps", "-eo", "args"], check=True, capture_output=True, text=True)
     assert KEY not in lab_machine_ps.stdout
     assert lab_ssh(guest, f"grep -rlF {KEY} {WRITTEN} || echo none") == "none\n"
-    assert KEY not in lab_ssh(guest, "journalctl -u sglang.service -o cat --no-pager")
+    journal = lab_ssh(guest, "journalctl -u sglang.service -o cat --no-pager")
+    assert KEY not in journal
+    assert "server_args=" not in journal  # SGLang logs it at INFO; pvegpu's logging config holds it back
     assert "LoadCredential=api-key:/root/sglang-api-key\n" in lab_ssh(
         guest, "cat /etc/systemd/system/sglang.service"
     )
     # The one file holding the key: in the service's own runtime directory, readable by its user alone.
     assert (
-        lab_ssh(guest, "stat -c '%a %U' /run/sglang /run/sglang/secrets.yaml") == "700 sglang\n600 sglang\n"
+        lab_ssh(guest, "stat -c '%a %U' /run/sglang /run/sglang/secrets.yaml /run/sglang/logging.json")
+        == "700 sglang\n600 sglang\n600 sglang\n"
     )
     serving = _main_pid(lab_ssh, guest)
     assert serving != "0"

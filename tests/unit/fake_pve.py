@@ -21,9 +21,17 @@ UPID_CREATE = "UPID:pve1:0000A1B3:0153F2C4:66A1B2C4:qmcreate:100:root@pam:"
 
 
 class FakeApi:
-    def __init__(self, answers: dict[tuple[str, str], object]) -> None:
+    """`user`: the identity Proxmox sees sending every call (`acts_as`): root@pam, as under pvesh, or a
+    token's id (an https backend without a root path)."""
+
+    def __init__(self, answers: dict[tuple[str, str], object], user: str = "root@pam") -> None:
         self.answers = answers
         self.calls: list[Call] = []
+        self.user = user
+
+    def acts_as(self, method: str, path: str, params: Params) -> str:
+        del method, path, params
+        return self.user
 
     def __call__(self, method: str, path: str, params: Params) -> object:
         sent = {key: value for key, value in params.items() if value is not None}

@@ -49,6 +49,21 @@ def test_create_reference_prints_pci_cfg_exactly(trees: dict[str, Path]) -> None
     )
 
 
+def test_create_single_function_gpus_name_their_display_function(trees: dict[str, Path]) -> None:
+    """`--single-function 0 --single-function 7`: what pvegpu writes for a GPUDirect clique of those GPUs;
+    the file passes Proxmox's check (function .0 is what it checks either way)."""
+    result = run("--node", f"pve1={trees['reference']}", "--single-function", "0", "--single-function", "7")
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == "".join(
+        f"gpu{n}\n\tmap id=10de:2bb1,node=pve1,path=0000:{bus}:00{'.0' if n in (0, 7) else ''},"
+        f"iommugroup={group},subsystem-id=10de:204b\n\n"
+        for n, (bus, group) in enumerate(REFERENCE)
+    )
+    hw = read_hardware_locally(trees["reference"])
+    sections = parse_pci_cfg(result.stdout).mappings
+    assert [check_node(s, "pve1", hw) for s in sections] == [()] * 8
+
+
 def test_two_nodes_parse_and_pass_proxmox_check_on_their_own_trees(trees: dict[str, Path]) -> None:
     result = run("--node", f"pve2={trees['reference-renumbered']}", "--node", f"pve1={trees['reference']}")
     assert result.exit_code == 0
@@ -303,4 +318,7 @@ def test_error_against_with_count_is_a_usage_error(trees: dict[str, Path], refer
     result = run("--node", f"pve1={trees['reference']}", "--count", "8", "--against", reference_cfg)
 
     assert result.exit_code == 2
-    assert "--against decides on the GPUs the mappings name: no --id or --count" in result.stderr
+    assert (
+        "--against decides on the GPUs the mappings name, keeping each line's shape: no --id, --count or "
+        "--single-function"
+    ) in " ".join(result.stderr.replace("│", " ").split())

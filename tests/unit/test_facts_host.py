@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,11 +73,24 @@ def test_kernel_release_garbled() -> None:
 
 
 def test_cpu_and_kernel_of_this_machine_through_pyinfra() -> None:
-    found = re.search(r"^vendor_id\s*:\s*(\S+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    found = re.search(r"^vendor_id\s*:\s*(\S+)", cpuinfo, re.MULTILINE)
+    bits = re.search(r"^address sizes\s*:\s*(\d+) bits physical", cpuinfo, re.MULTILINE)
     assert found is not None, "this test needs an x86 machine"
+    assert bits is not None, "this test needs an x86 machine"
     major, minor = os.uname().release.split(".")[:2]
+    done = subprocess.run(
+        ["dpkg-query", "-W", "-f=${db:Status-Abbrev}${Version}", "qemu-server"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    installed = re.match(r"ii ?(\d+)\.(\d+)\.(\d+)", done.stdout)
+    qemu_server = None if installed is None else (int(installed[1]), int(installed[2]), int(installed[3]))
     state, local = local_state()
-    assert get_fact(state, local, CpuAndKernel) == CpuKernel(VENDORS[found[1]], (int(major), int(minor)))
+    assert get_fact(state, local, CpuAndKernel) == CpuKernel(
+        VENDORS[found[1]], (int(major), int(minor)), int(bits[1]), qemu_server
+    )
 
 
 @pytest.mark.parametrize(
@@ -84,10 +98,41 @@ def test_cpu_and_kernel_of_this_machine_through_pyinfra() -> None:
     [
         (["6.8.12-4-pve", "vendor_id\t: AuthenticAMD"], CpuKernel("amd", (6, 8))),
         (["6.1.0-27-arm64"], CpuKernel(None, (6, 1))),
+        (
+            [  # synthesized: a Proxmox VE 9 node on EPYC 9004 (/proc/cpuinfo's lines, dpkg-query's format)
+                "6.14.8-2-pve",
+                "vendor_id\t: AuthenticAMD",
+                "address sizes\t: 52 bits physical, 57 bits virtual",
+                "qemu-server ii 9.2.6",
+            ],
+            CpuKernel("amd", (6, 14), 52, (9, 2, 6)),
+        ),
+        (["6.8.12-4-pve", "qemu-server rc 8.3.8"], CpuKernel(None, (6, 8))),  # removed, config files left
+        (["6.8.12-4-pve", "qemu-server ii 8.4.10~bpo1"], CpuKernel(None, (6, 8), None, (8, 4, 10))),
     ],
 )
 def test_cpu_and_kernel(lines: list[str], parsed: CpuKernel) -> None:
     assert parse_cpu_kernel(lines) == parsed
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (
+            ["6.8.12-4-pve", "address sizes\t: 52 bits"],
+            "/proc/cpuinfo: expected one 'address sizes : <N> bits physical, <M> bits virtual' line, got "
+            "['address sizes\\t: 52 bits']",
+        ),
+        (
+            ["6.8.12-4-pve", "qemu-server ii nine"],
+            "dpkg-query: qemu-server version 'nine' is not <major>.<minor>.<patch>",
+        ),
+    ],
+)
+def test_cpu_and_kernel_refused(lines: list[str], message: str) -> None:
+    with pytest.raises(FactParseError) as raised:
+        parse_cpu_kernel(lines)
+    assert str(raised.value) == message
 
 
 def test_cpu_and_kernel_without_output() -> None:

@@ -174,3 +174,38 @@ def test_cli_and_hook_agree_and_repairs_pass_proxmox_check(
     else:
         assert [check_node(s, NODE, boxes[after].hw) for s in sections] == [()] * len(sections)
         assert failing == [repair.mapping for repair in decision.repairs]
+
+
+def test_single_function_paths_keep_their_shape_in_the_cli_and_the_hook(
+    boxes: dict[str, Box], tmp_path: Path
+) -> None:
+    """The GPUs a clique passes single-function (`path=...:41:00.0`, plan/mapping.py) stay single-function
+    when renumber-only drift is repaired, by the hook and by `pvegpu mapping --against` alike; the whole
+    slots stay whole; the repaired file passes Proxmox's check on the renumbered box."""
+    reference, renumbered = boxes["reference"], boxes["reference-renumbered"]
+    assert reference.cfg is not None
+    text = reference.cfg.read_text(encoding="utf-8")
+    text = text.replace("path=0000:41:00,", "path=0000:41:00.0,").replace(
+        "path=0000:f1:00,", "path=0000:f1:00.0,"
+    )
+    cfg = tmp_path / "pci.cfg"
+    cfg.write_text(text, encoding="utf-8")
+    sections = parse_pci_cfg(text).mappings
+    config = "".join(f"hostpci{n}: mapping={s.id},pcie=1\n" for n, s in enumerate(sections))
+    decision = decide(START, config, sections, renumbered.hw)
+    result = cli("mapping", "--node", f"{NODE}={renumbered.tree}", "--against", str(cfg))
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == written(text, decision)
+    assert (
+        decision.lines[0] == f"{PREFIX}gpu0 {NODE}: 0000:41:00.0 group 14 -> 0000:21:00.0 group 16, repaired"
+    )
+    assert decision.lines[1] == f"{PREFIX}gpu1 {NODE}: 0000:51:00 group 17 -> 0000:31:00 group 19, repaired"
+    assert (
+        decision.lines[7] == f"{PREFIX}gpu7 {NODE}: 0000:f1:00.0 group 38 -> 0000:d1:00.0 group 40, repaired"
+    )
+    repaired = parse_pci_cfg(result.stdout).mappings
+    assert repaired[0].map == (
+        f"id=10de:2bb1,node={NODE},path=0000:21:00.0,iommugroup=16,subsystem-id=10de:204b",
+    )
+    assert [check_node(s, NODE, renumbered.hw) for s in repaired] == [()] * len(repaired)

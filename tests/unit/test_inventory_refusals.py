@@ -183,6 +183,12 @@ CASES: list[tuple[str, object, list[str]]] = [
      ["h: sglang.api_key_file: must be an absolute path (got 'key')"]),
     ("relative-admin-key", sglang(admin_api_key_file="admin.key"),
      ["h: sglang.admin_api_key_file: must be an absolute path (got 'admin.key')"]),
+    ("admin-key-alone", sglang(admin_api_key_file="/root/admin.key"),
+     ["h: sglang.admin_api_key_file: needs api_key_file: without an API key SGLang answers /server_info, "
+      "which shows the admin key, to anyone"]),
+    ("logging-config-env", sglang(env={"SGLANG_LOGGING_CONFIG_PATH": "/tmp/l.json"}),
+     ["h: sglang.env: SGLANG_LOGGING_CONFIG_PATH is set by pvegpu (pvegpu.plan.sglang_service); it may not "
+      "be set here"]),
     ("relative-hf-token", sglang(hf_token_file="~/.hf"),
      ["h: sglang.hf_token_file: must be an absolute path (got '~/.hf')"]),
     ("key-inline", sglang(api_key=SECRET),

@@ -63,8 +63,8 @@ def test_destroy_without_unreferenced_disks_frees_only_the_volumes_the_config_na
 
 def test_destroy_refuses_a_running_vm_before_its_task(pve: Pve) -> None:  # noqa: F811
     pve("create", "/nodes/pve1/qemu", *VM_ARGS, *VM_DISKS)
-    (pve.root / "run/qemu-server").mkdir(parents=True)
-    (pve.root / "run/qemu-server/100.pid").write_text("1\n")
+    assert pve("create", "/nodes/pve1/qemu/100/status/start").rc == 0
 
     assert pve("delete", "/nodes/pve1/qemu/100") == Result(255, "", "VM 100 is running - destroy failed\n")
     assert (pve.root / "etc/pve/qemu-server/100.conf").exists()
+    assert pve("create", "/nodes/pve1/qemu/100/status/stop").rc == 0

@@ -116,7 +116,27 @@ def test_multi_node() -> None:
         ({"nnodes": 2, "dist_init_addr": "nohost"}, "h: sglang.dist_init_addr: 'nohost' is not host:port"),
         ({"env": {"A B": "1"}}, "h: sglang.env: 'A B' is not an environment variable name"),
         ({"env": {"NCCL_ALGO": "$X"}},
-         "h: sglang.env: NCCL_ALGO: '$X' may not hold whitespace, quotes, backslashes or $"),
+         "h: sglang.env: NCCL_ALGO: '$X' may not hold whitespace, control characters, quotes, backslashes "
+         "or $"),
+        ({"env": {"NCCL_ALGO": "Ring\x07"}},
+         "h: sglang.env: NCCL_ALGO: 'Ring\\x07' may not hold whitespace, control characters, quotes, "
+         "backslashes or $"),
+        ({"served_model_name": "glm-5\nExecStartPre=/bin/sh -c id"},
+         "h: sglang.served_model_name: 'glm-5\\nExecStartPre=/bin/sh -c id' holds a control character "
+         "('\\n'), which pvegpu will not write into a unit file or a command"),
+        ({"model_path": "/models/glm\r"},
+         "h: sglang.model_path: '/models/glm\\r' holds a control character ('\\r'), which pvegpu will not "
+         "write into a unit file or a command"),
+        ({"venv": "/opt/sglang/venv\x00"},
+         "h: sglang.venv: '/opt/sglang/venv\\x00' holds a control character ('\\x00'), which pvegpu will "
+         "not write into a unit file or a command"),
+        ({"api_key_file": "/etc/pvegpu/key\n"},
+         "h: sglang.api_key_file: '/etc/pvegpu/key\\n' holds a control character ('\\n'), which pvegpu "
+         "will not write into a unit file or a command"),
+        ({"extra_args": ["--watchdog-timeout\t1200"]},
+         "h: sglang.extra_args: '--watchdog-timeout\\t1200' is not a command-line argument"),
+        ({"pip_args": ["--index-url\nhttp://evil"]},
+         "h: sglang.pip_args: '--index-url\\nhttp://evil' is not a command-line argument"),
         ({"chunked_prefill_size": 0},
          "h: sglang.chunked_prefill_size: must be -1 (no chunking) or at least 1 (got 0)"),
         ({"tp_size": 0}, "h: sglang.tp_size: must be at least 1 (got 0)"),

@@ -9,6 +9,7 @@ import hashlib
 from typing import Any
 
 import pytest
+from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha256File
 
@@ -20,6 +21,7 @@ from pvegpu.operations.cloud_image import (
     snippet_file,
     storage_content,
 )
+from pvegpu.operations.files import install_staged
 from pvegpu.pve import PveError
 from tests.unit.fake_pve import FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import node_state, run_op
@@ -150,8 +152,29 @@ def test_the_snippet_is_written_root_only_when_its_checksum_differs() -> None:
         [f"cloud-init user-data {path} is up to date"],
     )
     commands, _ = run_op(snippet_file, {NodeRead: node_state(files_sha256={})}, path=path, content=content)
-    assert commands[0] == "mkdir -p /var/lib/vz/snippets"
-    assert "chmod 0600 /var/lib/vz/snippets/.pvegpu-100-user.yaml.pvegpu-new" in str(commands[1])
+    staged = "/var/lib/vz/snippets/.pvegpu-100-user.yaml.pvegpu-new"
+    prepare, upload, install = commands
+    assert prepare == (
+        f"mkdir -p /var/lib/vz/snippets && rm -f {staged} && ( umask 077 && : > {staged} ) || "
+        "{ echo 'pvegpu: could not stage /var/lib/vz/snippets/pvegpu-100-user.yaml (left unchanged)' >&2 ; "
+        "exit 1 ; }"
+    )
+    assert isinstance(upload, FileUploadCommand)
+    assert (upload.src.getvalue(), upload.dest) == (content.encode(), staged)  # type: ignore[union-attr]
+    assert install == install_staged(path, same, mode="0600").get_raw_value()
+
+
+def test_the_snippet_with_a_private_key_is_never_on_a_command_line() -> None:
+    body = "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW"
+    content = (
+        "#cloud-config\nssh_keys:\n  ed25519_private: |\n    -----BEGIN OPENSSH PRIVATE KEY-----\n"
+        f"    {body}\n    -----END OPENSSH PRIVATE KEY-----\n"
+    )
+    path = "/var/lib/vz/snippets/pvegpu-100-user.yaml"
+    commands, _ = run_op(snippet_file, {NodeRead: node_state(files_sha256={})}, path=path, content=content)
+    shell = [command for command in commands if isinstance(command, str)]
+    assert len(shell) == 2
+    assert [line for line in shell if body in line or "PRIVATE KEY" in line] == []
 
 
 def test_a_snippet_outside_the_storages_the_node_read_saw_is_read_on_its_own() -> None:

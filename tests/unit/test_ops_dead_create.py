@@ -13,9 +13,10 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.create_records import CreateLedger, ledger_beside
+from pvegpu.models.pve_root_only import root_only_params
 from pvegpu.operations.lxc import lxc_container
 from pvegpu.plan.dead_create import CreateRecord
-from pvegpu.pve import PveError
+from pvegpu.pve import Params, PveError
 from tests.unit.fake_pve import UPID_CREATE, ConfigStore, FakeApi, execute, task_ok
 from tests.unit.op_harness import run_op
 from tests.unit.test_ops_vm import (
@@ -52,7 +53,7 @@ def ledger(tmp_path: Path, user: str = "root@pam", record: CreateRecord | None =
     return made
 
 
-def dead_create_api(store: ConfigStore) -> FakeApi:
+def dead_create_api(store: ConfigStore, user: str = "root@pam") -> FakeApi:
     def destroy(_params: dict[str, Any]) -> str:
         store.values = None
         return UPID_DESTROY
@@ -66,7 +67,8 @@ def dead_create_api(store: ConfigStore) -> FakeApi:
             ("GET", f"/nodes/pve1/tasks/{UPID_DESTROY}/status"): task_ok(UPID_DESTROY),
             ("POST", "/nodes/pve1/qemu"): store.create(created_config(), UPID_AGAIN),
             ("GET", f"/nodes/pve1/tasks/{UPID_AGAIN}/status"): task_ok(UPID_AGAIN),
-        }
+        },
+        user,
     )
 
 
@@ -88,6 +90,28 @@ def test_drift_own_dead_create_is_unlocked_destroyed_and_created_again(
         ("POST", "/nodes/pve1/qemu", {"vmid": 100, **CONFIG, **CREATE}),
     ]
     assert not records.path("pve1", "qemu", 100).exists()  # whole: the record is gone
+
+
+def test_drift_own_dead_create_a_token_with_a_root_path_unlocks_through_root(tmp_path: Path) -> None:
+    """https with pve.root_ssh: the create of a VM with a hookscript ran as root@pam (its UPID's user), and
+    the unlock (`skiplock`) goes through root's pvesh too (pvegpu.pve RootRouted)."""
+
+    class RoutedApi(FakeApi):
+        def acts_as(self, method: str, path: str, params: Params) -> str:
+            return "root@pam" if root_only_params(method, path, params) else "pvegpu@pve!deploy"
+
+    store = vm_store({**STUB})
+    records = ledger(tmp_path, "root@pam", CreateRecord(None, STARTED - 1))
+    api = RoutedApi(dead_create_api(store).answers, "pvegpu@pve!deploy")
+
+    commands, _ = converge(api, records)
+    execute(commands)
+
+    assert [call[:2] for call in api.writes()] == [
+        ("PUT", CONFIG_PATH),
+        ("DELETE", "/nodes/pve1/qemu/100"),
+        ("POST", "/nodes/pve1/qemu"),
+    ]
 
 
 def test_drift_own_half_made_vm_is_destroyed_and_created_again_without_unlocking(tmp_path: Path) -> None:
@@ -140,8 +164,8 @@ def test_error_dead_create_not_provably_pvegpus_is_reported_untouched(
 def test_error_own_dead_create_locked_but_pvegpu_is_not_root_is_reported(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    token = "pvegpu@pve!deploy"
-    api = dead_create_api(vm_store({**STUB}))
+    token = "pvegpu@pve!deploy"  # the https backend with pve.root_ssh: false
+    api = dead_create_api(vm_store({**STUB}), token)
     records = ledger(tmp_path, token, CreateRecord(UPID_CREATE, STARTED))
 
     with caplog.at_level(logging.INFO, logger="pyinfra"), pytest.raises(OperationError) as error:

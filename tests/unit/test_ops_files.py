@@ -8,14 +8,15 @@ import pwd
 import subprocess
 from pathlib import Path
 
-from pvegpu.operations.files import regenerate, write_file
+from pvegpu.operations.files import regenerate, temp_path, upload_secret_file, write_file
 
 
 def test_write_file_command_stages_checks_and_renames() -> None:
     command = write_file("/etc/default/grub.d/pvegpu.cfg", 'A="1"\n', check="sh -n").get_raw_value()
     temp = "/etc/default/grub.d/.pvegpu.cfg.pvegpu-new"
     assert command == (
-        f"{{ printf %s 'A=\"1\"\n' > {temp} && chmod 0644 {temp} && chown root:root {temp} && sync {temp} && "
+        f"{{ umask 077 && printf %s 'A=\"1\"\n' > {temp} && chmod 0644 {temp} && chown root:root {temp} && "
+        f"sync {temp} && "
         "printf '%s  %s\n' 4cc760ca1d1acf2027db2e821fcda46fccbd680296696ecf877ab0a307a7db15 "
         f"{temp} | sha256sum --check --status && sh -n {temp} && mv -f {temp} /etc/default/grub.d/pvegpu.cfg "
         f"&& sync /etc/default/grub.d ; }} || {{ rm -f {temp} ; "
@@ -94,3 +95,37 @@ def test_error_a_killed_tool_fails_with_its_status_and_a_line_naming_it(tmp_path
         f"pvegpu: {tool} all failed (exit 137); the next run checks the ESPs' loader entries and runs it "
         "again\n"
     )
+
+
+def test_a_secret_file_is_staged_root_only_uploaded_and_renamed(tmp_path: Path) -> None:
+    target = tmp_path / "snippets" / "user.yaml"
+    staged = Path(temp_path(str(target)))
+    staged.parent.mkdir()
+    staged.write_text("a leftover of a cut run\n")
+    staged.chmod(0o644)
+    prepare, upload, install = upload_secret_file(str(target), "key: Zq9-body\n", owner=_owner())
+
+    assert _run(prepare.get_raw_value()).returncode == 0
+    assert (staged.read_text(), oct(staged.stat().st_mode & 0o777)) == ("", "0o600")  # before any content
+    assert upload.dest == str(staged)
+    assert "Zq9-body" not in repr(upload)  # what pyinfra's --debug logs of an upload
+    staged.write_bytes(upload.src.read())  # type: ignore[union-attr]  # what pyinfra's SFTP put does
+    result = _run(install.get_raw_value())
+
+    assert (result.returncode, result.stderr) == (0, "")
+    assert (target.read_text(), oct(target.stat().st_mode & 0o777)) == ("key: Zq9-body\n", "0o600")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["user.yaml"]
+    assert "Zq9-body" not in prepare.get_raw_value() + install.get_raw_value()
+
+
+def test_error_a_secret_file_whose_upload_was_cut_is_not_renamed(tmp_path: Path) -> None:
+    target = tmp_path / "user.yaml"
+    target.write_text("old\n")
+    prepare, _, install = upload_secret_file(str(target), "key: Zq9-body\n", owner=_owner())
+    _run(prepare.get_raw_value())  # the upload never came: the staged file is still empty
+
+    result = _run(install.get_raw_value())
+
+    assert (result.returncode, result.stderr) == (1, f"pvegpu: could not write {target} (left unchanged)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user.yaml"]
+    assert target.read_text() == "old\n"

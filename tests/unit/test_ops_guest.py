@@ -4,8 +4,12 @@ sentence, or the error; FunctionCommands run against a fake shell that answers l
 from __future__ import annotations
 
 import hashlib
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +25,14 @@ from pvegpu.models.sglang import ProbeTarget
 from pvegpu.operations.files import write_file
 from pvegpu.operations.nvidia import cuda_repository, driver_module, driver_verified
 from pvegpu.operations.reboot import REBOOT
-from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
+from pvegpu.operations.sglang import (
+    MASK_SCRIPT,
+    MASKED,
+    journal_command,
+    model_download,
+    sglang_ready,
+    sglang_venv,
+)
 from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import run_op
 
@@ -315,4 +326,40 @@ def test_error_start_timeout_shows_journal_tail() -> None:
         "(last: the probe printed nothing (no Python in the venv?)); its last journal lines:\n"
         "sglang serve: error: model path /m is not a directory"
     )
-    assert shell.ran[-1] == "journalctl -u sglang.service -n 20 --no-pager -o cat"
+    assert shell.ran[-1] == (
+        "journalctl -u sglang.service -n 20 --no-pager -o cat | /opt/sglang/venv/bin/python -c "
+        f"{shlex.quote(MASK_SCRIPT)}"
+    )
+
+
+def test_start_timeout_masks_journal_lines_with_a_key_on_the_host(tmp_path: Path) -> None:
+    api_key, admin_key = tmp_path / "api.key", tmp_path / "admin.key"
+    api_key.write_text("sk-Plain-42\n")
+    admin_key.write_text("sk-Admin-77\n")
+    journal = [
+        "[2026-12-02 07:00:00] server_args={'model_path': '/m', 'api_key': 'sk-Plain-42', 'port': 30000}",
+        "[2026-12-02 07:00:01] ServerArgs(api_key='x', admin_api_key=None)",
+        "sglang serve: error: --admin-api-key sk-Admin-77 rejected",
+        "[2026-12-02 07:00:02] Load weight end. avail mem=80.00 GB",
+    ]
+    target = replace(TARGET, python=sys.executable, key_file=str(api_key))
+    commands, _ = run_op(sglang_ready, {}, target=target, timeout_s=0.01, starting=True,
+                         key_files=(str(api_key), str(admin_key)))  # fmt: skip
+    shell = FakeShell({})
+    with pytest.raises(OperationError):
+        call(commands[0], shell)
+    command = shell.ran[-1]
+    assert command == journal_command(sys.executable, (str(api_key), str(admin_key))).get_raw_value()
+    assert "sk-" not in command  # the key files' paths travel, never their values
+    script = command.partition(" | ")[2]
+    shown = subprocess.run(["sh", "-c", script], input="\n".join(journal) + "\n", capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert shown.splitlines() == [MASKED, MASKED, MASKED, journal[3]]
+
+
+def test_start_timeout_hides_the_journal_when_a_key_file_is_unreadable(tmp_path: Path) -> None:
+    missing = str(tmp_path / "gone.key")
+    script = journal_command(sys.executable, (missing,)).get_raw_value().partition(" | ")[2]
+    shown = subprocess.run(["sh", "-c", script], input="server up\n", capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    assert shown == f"(pvegpu: journal not shown: {missing} cannot be read)\n"

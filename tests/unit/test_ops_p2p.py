@@ -5,22 +5,27 @@ becomes the documented verdict, and nothing restarts while the run also converge
 from __future__ import annotations
 
 import json
+import logging
 import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pyinfra.api.exceptions import OperationError
 
-from pvegpu.operations.p2p import Exec, _judged, guest_exec, guest_in_run, p2p_clique
+from pvegpu.models.p2p import RECORD_PATH
+from pvegpu.operations.p2p import Exec, _judged, guest_exec, p2p_clique
 from pvegpu.operations.pve_guest import VM, Guest
-from pvegpu.plan.p2p import timeout_failure
-from tests.unit.fake_pve import FakeApi
+from pvegpu.operations.vm import guest_in_run
+from pvegpu.plan.p2p import PROBE_PATH, timeout_failure
+from pvegpu.pve import PveError
+from tests.unit.fake_pve import ConfigStore, FakeApi, MappingStore, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 
 VMP = "/nodes/pve1/qemu/100"
 MMIO = "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576"
-OPERATOR = "-set device.hostpci0.x-nv-gpudirect-clique=0"
-OURS = "-set device.hostpci0.0.x-nv-gpudirect-clique=0 -set device.hostpci1.0.x-nv-gpudirect-clique=0"
+OPERATOR = "-msg timestamp=on"
+OURS = "-set device.hostpci0.x-nv-gpudirect-clique=0 -set device.hostpci1.x-nv-gpudirect-clique=0"
 
 
 def config(args: str) -> dict[str, object]:
@@ -41,6 +46,7 @@ def clique_op(api: FakeApi, mode: str) -> tuple[list[Any], list[str]]:
         vmid=100,
         mode=mode,
         clique=OURS,
+        prefix="gpu",
         venv="/opt/sglang/venv",
         probe_timeout_s=30,
         timeout_s=60,
@@ -128,3 +134,182 @@ def test_guest_in_run_only_when_the_guest_has_operations(
     other = _Host(name="other", data={"guest_of": "pve2"})
     node.state = _State([node, guest, other], {**ops, "other": 5}, limit | {"other"})
     assert guest_in_run(node) is in_run  # type: ignore[arg-type]
+
+
+LINE0 = "id=10de:2bb1,node=pve1,path=0000:41:00,iommugroup=14,subsystem-id=10de:204b"
+LINE1 = "id=10de:2bb1,node=pve1,path=0000:61:00,iommugroup=20,subsystem-id=10de:204b"
+OTHER = "id=10de:2bb1,node=pve2,path=0000:21:00,iommugroup=9,subsystem-id=10de:204b"  # another node's line
+UPID_SHUTDOWN = "UPID:pve1:0000A1C0:0153F2C4:66A1B2D0:qmshutdown:100:root@pam:"
+UPID_START1 = "UPID:pve1:0000A1C1:0153F2C4:66A1B2D1:qmstart:100:root@pam:"
+UPID_START2 = "UPID:pve1:0000A1C2:0153F2C4:66A1B2D2:qmstart:100:root@pam:"
+QEMU_REFUSAL = 'kvm: -set device.hostpci0.x-nv-gpudirect-clique=0: there is no device "hostpci0" defined'
+START_FAILED = "start failed: QEMU exited with code 1"  # qemu-server vm_start_nolock's task error
+IDENTITY = {"driver": "580.95.05", "kernel": "6.8.0-49-generic"}
+
+
+class Agent:
+    """The guest agent's exec / exec-status / file-read / file-write, answered per command (the identity
+    read gives IDENTITY, the probe run `probe_out`; every command exits 0), and the files written."""
+
+    def __init__(self, probe_out: str = "") -> None:
+        self.files: dict[str, str] = {}
+        self.ran: list[list[str]] = []
+        self.probe_out = probe_out
+
+    def answers(self) -> dict[tuple[str, str], object]:
+        agent = f"{VMP}/agent"
+        return {
+            ("POST", f"{agent}/exec"): self._exec,
+            ("GET", f"{agent}/exec-status"): self._status,
+            ("GET", f"{agent}/get-fsinfo"): {"result": []},
+            ("GET", f"{agent}/file-read"): self._read,
+            ("POST", f"{agent}/file-write"): self._write,
+        }
+
+    def _exec(self, params: dict[str, Any]) -> dict[str, int]:
+        self.ran.append(list(params["command"]))
+        return {"pid": len(self.ran)}
+
+    def _status(self, params: dict[str, Any]) -> dict[str, object]:
+        argv = self.ran[int(params["pid"]) - 1]
+        out = json.dumps(IDENTITY) if argv[:3] == ["python3", "-", "identity"] else ""
+        out = self.probe_out if argv[0] == "timeout" else out
+        return {"exited": 1, "exitcode": 0, "out-data": out}
+
+    def _read(self, params: dict[str, Any]) -> dict[str, str]:
+        if params["file"] not in self.files:
+            raise PveError(
+                500, f"Agent error: Failed to open file '{params['file']}': No such file or directory"
+            )
+        return {"content": self.files[params["file"]]}
+
+    def _write(self, params: dict[str, Any]) -> None:
+        self.files[params["file"]] = params["content"]
+
+
+def test_error_probe_vm_does_not_start_with_the_clique_falls_back_and_starts_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """QEMU refuses the start with the clique: the clique parts and the single-function paths are undone,
+    the VM starts again (SHM), one warning names the VM with QEMU's own line, and SHM is recorded with it.
+    The exact API sequence: reshape both mappings (this node's line only), set args, restart (shutdown,
+    start: refused), read the start's log; then args without the clique, the whole slots back (in that
+    order: never a clique on a whole slot), start, record."""
+    monkeypatch.setattr("pvegpu.operations.p2p.guest_in_run", lambda _host: False)
+    store = ConfigStore(config(MMIO), missing=PveError(500, "missing"), mismatch="checksum mismatch")
+    mappings = MappingStore(("gpu0", [LINE0, OTHER]), ("gpu1", [LINE1]))
+    agent = Agent()
+    tasks = "/nodes/pve1/tasks"
+    failed = {"upid": UPID_START1, "status": "stopped", "exitstatus": START_FAILED}
+    log = [{"n": 1, "t": QEMU_REFUSAL}, {"n": 2, "t": f"TASK ERROR: {START_FAILED}"}]
+    api = FakeApi(
+        {
+            ("GET", f"{VMP}/config"): store.get,
+            ("PUT", f"{VMP}/config"): store.put,
+            ("GET", f"{VMP}/status/current"): {"vmid": 100, "status": "running", "qmpstatus": "running"},
+            ("POST", f"{VMP}/status/shutdown"): UPID_SHUTDOWN,
+            ("POST", f"{VMP}/status/start"): sequence(UPID_START1, UPID_START2),
+            ("GET", f"{tasks}/{UPID_SHUTDOWN}/status"): task_ok(UPID_SHUTDOWN),
+            ("GET", f"{tasks}/{UPID_START1}/status"): failed,
+            ("GET", f"{tasks}/{UPID_START1}/log"): log,
+            ("GET", f"{tasks}/{UPID_START2}/status"): task_ok(UPID_START2),
+            **mappings.answers("gpu0", "gpu1"),
+            **agent.answers(),
+        }
+    )
+    commands, noops = clique_op(api, "probe")
+    assert noops == []
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        execute(commands)
+
+    single0 = LINE0.replace("0000:41:00,", "0000:41:00.0,")
+    single1 = LINE1.replace("0000:61:00,", "0000:61:00.0,")
+    writes = [call for call in api.writes() if "/agent/" not in call[1]]
+    assert writes == [
+        ("PUT", "/cluster/mapping/pci/gpu0", {"map": [single0, OTHER], "digest": "d1"}),
+        ("PUT", "/cluster/mapping/pci/gpu1", {"map": [single1], "digest": "d2"}),
+        ("PUT", f"{VMP}/config", {"args": f"{MMIO} {OURS}", "digest": "d1"}),
+        ("POST", f"{VMP}/status/shutdown", {"timeout": 60}),
+        ("POST", f"{VMP}/status/start", {}),
+        ("PUT", f"{VMP}/config", {"args": MMIO, "digest": "d1+"}),
+        ("PUT", "/cluster/mapping/pci/gpu0", {"map": [LINE0, OTHER], "digest": "d3"}),
+        ("PUT", "/cluster/mapping/pci/gpu1", {"map": [LINE1], "digest": "d4"}),
+        ("POST", f"{VMP}/status/start", {}),
+    ]
+    assert ("GET", f"{tasks}/{UPID_START1}/log", {"start": 0, "limit": 0}) in api.calls
+    assert mappings.maps == {"gpu0": [LINE0, OTHER], "gpu1": [LINE1]}
+    assert store.values is not None
+    assert store.values["args"] == MMIO
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    said = f"{QEMU_REFUSAL} ({START_FAILED})"
+    assert warnings == [
+        f"[pve1] VM 100 did not start with the GPUDirect clique: {said}; clique removed, its GPUs passed "
+        "whole again, VM started: NCCL plan SHM"
+    ]
+    record = json.loads(agent.files[RECORD_PATH])
+    assert (record["verdict"], record["failures"]) == (
+        "shm",
+        [f"the VM did not start with the GPUDirect clique: {said}"],
+    )
+    assert PROBE_PATH not in agent.files  # the probe never ran
+
+
+def test_create_probe_sets_single_function_paths_with_the_clique(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clique set: both mappings single-function on this node, then args, then the cold restart; the
+    probe passes, so they stay."""
+    monkeypatch.setattr("pvegpu.operations.p2p.guest_in_run", lambda _host: False)
+    store = ConfigStore(config(MMIO), missing=PveError(500, "missing"), mismatch="checksum mismatch")
+    mappings = MappingStore(("gpu0", [LINE0]), ("gpu1", [LINE1]))
+    agent = Agent(json.dumps(PASSED))
+    tasks = "/nodes/pve1/tasks"
+    api = FakeApi(
+        {
+            ("GET", f"{VMP}/config"): store.get,
+            ("PUT", f"{VMP}/config"): store.put,
+            ("GET", f"{VMP}/status/current"): {"vmid": 100, "status": "running", "qmpstatus": "running"},
+            ("POST", f"{VMP}/status/shutdown"): UPID_SHUTDOWN,
+            ("POST", f"{VMP}/status/start"): UPID_START1,
+            ("GET", f"{tasks}/{UPID_SHUTDOWN}/status"): task_ok(UPID_SHUTDOWN),
+            ("GET", f"{tasks}/{UPID_START1}/status"): task_ok(UPID_START1),
+            **mappings.answers("gpu0", "gpu1"),
+            **agent.answers(),
+        }
+    )
+    commands, _ = clique_op(api, "probe")
+    execute(commands)
+    assert mappings.maps == {
+        "gpu0": [LINE0.replace("0000:41:00,", "0000:41:00.0,")],
+        "gpu1": [LINE1.replace("0000:61:00,", "0000:61:00.0,")],
+    }
+    assert store.values is not None
+    assert store.values["args"] == f"{MMIO} {OURS}"
+    assert [call[:2] for call in api.writes() if "/agent/" not in call[1]] == [
+        ("PUT", "/cluster/mapping/pci/gpu0"),
+        ("PUT", "/cluster/mapping/pci/gpu1"),
+        ("PUT", f"{VMP}/config"),
+        ("POST", f"{VMP}/status/shutdown"),
+        ("POST", f"{VMP}/status/start"),
+    ]
+    assert json.loads(agent.files[RECORD_PATH])["verdict"] == "p2p"
+
+
+def test_error_clique_refused_while_cpu_hides_the_hypervisor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pvegpu.operations.p2p.guest_in_run", lambda _host: False)
+    values = {**config(MMIO), "cpu": "host,hidden=1"}
+    store = ConfigStore(values, missing=PveError(500, "missing"), mismatch="checksum mismatch")
+    agent = Agent()
+    api = FakeApi(
+        {
+            ("GET", f"{VMP}/config"): store.get,
+            ("GET", f"{VMP}/status/current"): {"vmid": 100, "status": "running", "qmpstatus": "running"},
+            **agent.answers(),
+        }
+    )
+    commands, _ = clique_op(api, "probe")
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+    assert str(error.value) == (
+        "VM 100: cpu host,hidden=1 has hidden=1 (kvm=off), with which the guest's NVIDIA driver ignores the "
+        "GPUDirect clique: not set (pvegpu's cpu value has no hidden; run deploy/vm.py again)"
+    )
+    assert [call for call in api.writes() if "/agent/" not in call[1]] == []

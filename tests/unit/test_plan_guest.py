@@ -200,7 +200,7 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         exec_start_pre="/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
         exec_start="/v/bin/sglang serve --config /run/sglang/secrets.yaml",
     )
-    assert text.splitlines()[7:16] == [
+    assert text.splitlines()[7:17] == [
         "User=sglang",
         "Group=sglang",
         "EnvironmentFile=/etc/pvegpu/sglang.env",
@@ -209,5 +209,6 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         "RuntimeDirectory=sglang",
         "RuntimeDirectoryMode=0700",
         "ExecStartPre=/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
+        "Environment=SGLANG_LOGGING_CONFIG_PATH=/run/sglang/logging.json",
         "ExecStart=/v/bin/sglang serve --config /run/sglang/secrets.yaml",
     ]

@@ -202,7 +202,8 @@ def test_cards_in_another_order_are_refused_not_swapped(hw: dict[str, HostHardwa
         ),
         (
             "id=10de:2bb1,node=pve1,path=0000:41:00;0000:51:00,iommugroup=14,subsystem-id=10de:204b",
-            "gpu0 pve1: path 0000:41:00;0000:51:00 has alternatives: pvegpu writes one slot, not repaired",
+            "gpu0 pve1: path 0000:41:00;0000:51:00 names 2 devices passed together: pvegpu writes one, "
+            "not repaired",
         ),
     ],
 )

@@ -21,6 +21,7 @@ from pvegpu.plan.mapping import (
     managed_index,
     mapping_id,
     plan_mappings,
+    with_path_shape,
 )
 from pvegpu.plan.topology import Topology, plan_topology
 
@@ -85,6 +86,48 @@ def test_two_nodes_one_map_line_per_node_sorted_by_node(hw: dict[str, HostHardwa
     assert len(planned) == 8
     assert planned[0] == PciMapping("gpu0", (line("pve1", "0000:41:00", 14), line("pve2", "0000:21:00", 16)))
     assert planned[7].map == (line("pve1", "0000:f1:00", 38), line("pve2", "0000:d1:00", 40))
+
+
+def test_create_clique_gpus_single_function_per_node(hw: dict[str, HostHardware]) -> None:
+    """A node's GPUs with a GPUDirect clique are mapped by their display function (`.0`); the other GPUs,
+    and the other node's lines, keep the whole slot."""
+    topologies = {"pve1": topo(hw["reference"]), "pve2": topo(hw["reference-renumbered"])}
+    planned = plan_mappings(topologies, single_function={"pve1": {0, 7}})
+    assert planned[0].map == (line("pve1", "0000:41:00.0", 14), line("pve2", "0000:21:00", 16))
+    assert planned[1].map == (line("pve1", "0000:51:00", 17), line("pve2", "0000:31:00", 19))
+    assert planned[7].map == (line("pve1", "0000:f1:00.0", 38), line("pve2", "0000:d1:00", 40))
+    assert plan_mappings(topologies, single_function={"pve1": set()}) == plan_mappings(topologies)
+
+
+def test_update_path_shape_of_one_node_line_only() -> None:
+    """`with_path_shape`: this node's line to `.0` and back; another node's line, a line already of that
+    shape and a `;` alternative byte for byte."""
+    gui = "node=pve1,path=0000:41:00,id=10de:2bb1,iommugroup=14,subsystem-id=10de:204b"  # the GUI's key order
+    other = line("pve2", "0000:21:00", 16)
+    whole = PciMapping("gpu0", (gui, other))
+    single = with_path_shape(whole, "pve1", single_function=True)
+    assert single.map == (line("pve1", "0000:41:00.0", 14), other)
+    assert with_path_shape(single, "pve1", single_function=True) == single
+    assert with_path_shape(single, "pve1", single_function=False).map == (
+        line("pve1", "0000:41:00", 14),
+        other,
+    )
+    assert with_path_shape(whole, "pve1", single_function=False) == whole
+    alternatives = PciMapping("gpu0", (line("pve1", "0000:41:00;0000:51:00", 14),))
+    assert with_path_shape(alternatives, "pve1", single_function=True) == alternatives
+
+
+def test_diff_single_function_path_is_an_update(hw: dict[str, HostHardware]) -> None:
+    """Switching `vm.p2p` on (or back off) changes the path: an UPDATE of that mapping only."""
+    whole = plan_mappings({"pve1": topo(hw["reference"])})
+    single = plan_mappings({"pve1": topo(hw["reference"])}, single_function={"pve1": {0}})
+    changes = diff_mappings(single, whole, cluster={"pve1"})
+    assert [(change.id, change.action) for change in changes[:2]] == [
+        ("gpu0", Action.UPDATE),
+        ("gpu1", Action.UNCHANGED),
+    ]
+    assert changes[0].map == (line("pve1", "0000:41:00.0", 14),)
+    assert diff_mappings(whole, single, cluster={"pve1"})[0].map == (line("pve1", "0000:41:00", 14),)
 
 
 def test_prefix_is_configurable(hw: dict[str, HostHardware]) -> None:

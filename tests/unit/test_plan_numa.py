@@ -82,12 +82,13 @@ def test_create_gpus_of_one_node_only(reference: Box) -> None:
     }
 
 
-def test_create_token_user_gets_no_affinity(reference: Box) -> None:
-    """Only root@pam may set `affinity` (qemu-server API2/Qemu.pm); numaN need VM.Config.CPU only."""
-    plan = plan_numa(SPEC, *reference, api_user="pvegpu@pve!deploy")
+def test_create_without_a_root_path_gets_no_affinity(reference: Box) -> None:
+    """Only root@pam may set `affinity` (qemu-server API2/Qemu.pm); numaN need VM.Config.CPU only. A token
+    with pve.root_ssh sets it through root (root_user root@pam: the plans above); without, none."""
+    plan = plan_numa(SPEC, *reference, root_user=None)
     assert plan.reason == (
         "default: the host has 2 NUMA nodes; the VM's GPUs sit on node0, node1; "
-        "no affinity: only root@pam can set it, and the API is used as pvegpu@pve!deploy"
+        "no affinity: only root@pam can set it, and pvegpu has no root path to the node"
     )
     assert plan.keys() == {
         "sockets": "2",
@@ -249,7 +250,7 @@ def test_update_deletes_numa_keys_no_longer_planned(reference: Box) -> None:
 
 def test_update_args_keeps_the_operators_parts(reference: Box) -> None:
     host = vm_config(SPEC, ("gpu0",), WINDOW, plan_numa(SPEC, *reference))
-    operator = "-set device.hostpci0.x-nv-gpudirect-clique=0"
+    operator = "-msg timestamp=on"  # not a part pvegpu writes
     current: dict[str, object] = {**host, "args": f"{operator} {ARGS}", "net0": "virtio,bridge=vmbr0"}
     current |= {"efidisk0": "x", "scsi0": "y"}
     assert not diff_vm(host, create_keys(SPEC), current, "gpu").changed

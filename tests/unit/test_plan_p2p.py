@@ -19,21 +19,24 @@ from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.nccl import P2P_CHECK_PROVEN, P2P_LEVEL_PROVEN, FlagSetting, plan_nccl
 from pvegpu.plan.p2p import (
     clique_args,
+    clique_devices,
     crash_failure,
     guest_uses_p2p,
     judge,
     own_clique,
     plan_cliques,
+    single_function_gpus,
     timeout_failure,
     vm_devices,
 )
 from pvegpu.plan.topology import Topology, plan_vendor_topology
-from pvegpu.plan.vm import create_keys, diff_vm, merge_args, vm_config
+from pvegpu.plan.vm import cpu_hidden, create_keys, diff_vm, merge_args, vm_config
 
 MMIO = "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1048576"
-OPERATOR = "-set device.hostpci0.x-nv-gpudirect-clique=0 -cpu kvm=on"  # the operator's, not pvegpu's form
+OPERATOR = "-msg timestamp=on -set device.gpu9.x-nv-gpudirect-clique=0"  # the operator's: no hostpciN part
 WINDOW = MmioWindow(bar_bytes=1 << 40, window_mib=1048576, args=MMIO, phys_bits=46)
-EIGHT = " ".join(f"-set device.hostpci{n}.0.x-nv-gpudirect-clique=0" for n in range(8))
+EIGHT = " ".join(f"-set device.hostpci{n}.x-nv-gpudirect-clique=0" for n in range(8))
+OLD_EIGHT = " ".join(f"-set device.hostpci{n}.0.x-nv-gpudirect-clique=0" for n in range(8))  # never started
 
 
 def topology_of(tmp_path_factory: pytest.TempPathFactory, name: str) -> Topology:
@@ -63,27 +66,53 @@ def test_create_switches_one_clique_per_root_complex(tmp_path_factory: pytest.Te
     cliques = plan_cliques(switches, "intel")
     assert cliques == ((0, 1), (2, 3), (4, 5), (6, 7))
     assert clique_args(cliques) == (
-        "-set device.hostpci0.0.x-nv-gpudirect-clique=0 -set device.hostpci1.0.x-nv-gpudirect-clique=0 "
-        "-set device.hostpci2.0.x-nv-gpudirect-clique=1 -set device.hostpci3.0.x-nv-gpudirect-clique=1 "
-        "-set device.hostpci4.0.x-nv-gpudirect-clique=2 -set device.hostpci5.0.x-nv-gpudirect-clique=2 "
-        "-set device.hostpci6.0.x-nv-gpudirect-clique=3 -set device.hostpci7.0.x-nv-gpudirect-clique=3"
+        "-set device.hostpci0.x-nv-gpudirect-clique=0 -set device.hostpci1.x-nv-gpudirect-clique=0 "
+        "-set device.hostpci2.x-nv-gpudirect-clique=1 -set device.hostpci3.x-nv-gpudirect-clique=1 "
+        "-set device.hostpci4.x-nv-gpudirect-clique=2 -set device.hostpci5.x-nv-gpudirect-clique=2 "
+        "-set device.hostpci6.x-nv-gpudirect-clique=3 -set device.hostpci7.x-nv-gpudirect-clique=3"
     )
 
 
 def test_update_clique_parts_replaced_operator_and_mmio_kept() -> None:
-    current = f"{OPERATOR} {MMIO} -set device.hostpci3.0.x-nv-gpudirect-clique=4"
+    current = f"{OPERATOR} {MMIO} -set device.hostpci3.x-nv-gpudirect-clique=4"
     assert merge_args(current, None, EIGHT) == f"{OPERATOR} {MMIO} {EIGHT}"
     assert merge_args(current, None, None) == current
-    assert own_clique(current) == "-set device.hostpci3.0.x-nv-gpudirect-clique=4"
+    assert own_clique(current) == "-set device.hostpci3.x-nv-gpudirect-clique=4"
     assert own_clique(OPERATOR) == ""
     assert merge_args(current, None, "") == f"{OPERATOR} {MMIO}"
     assert merge_args(f"{MMIO} {OPERATOR}", None, EIGHT) == f"{OPERATOR} {MMIO} {EIGHT}"
 
 
+def test_update_the_earlier_dotted_form_is_pvegpus_and_replaced() -> None:
+    """`hostpciN.0.x-nv-...` (an earlier pvegpu's, which QEMU reads as device hostpciN, property
+    `0.x-nv-...`): recognised as pvegpu's, so `on` replaces it and `off` removes it; it names no GPU to pass
+    single-function."""
+    current = f"{OPERATOR} {OLD_EIGHT} {MMIO}"
+    assert own_clique(current) == OLD_EIGHT
+    assert merge_args(current, None, EIGHT) == f"{OPERATOR} {MMIO} {EIGHT}"
+    assert merge_args(current, None, "") == f"{OPERATOR} {MMIO}"
+    assert clique_devices(current) == frozenset()
+    assert clique_devices(f"{OPERATOR} {EIGHT}") == frozenset(range(8))
+
+
+@pytest.mark.parametrize(
+    ("mode", "args", "single"),
+    [
+        ("on", None, frozenset(range(8))),  # the planned clique, whatever the config holds
+        ("probe", None, frozenset()),  # no clique set by the probe (yet, or any more)
+        ("probe", f"{OPERATOR} -set device.hostpci2.x-nv-gpudirect-clique=0", frozenset({2})),
+        ("probe", OLD_EIGHT, frozenset()),  # the dotted form: the probe replaces it
+        ("off", EIGHT, frozenset()),  # the whole-slot paths come back
+    ],
+)
+def test_single_function_gpus_follow_the_clique(mode: str, args: str | None, single: frozenset[int]) -> None:
+    assert single_function_gpus(mode, EIGHT, args) == single  # type: ignore[arg-type]
+
+
 def test_noop_probe_mode_leaves_the_clique_to_the_probe() -> None:
     """`probe`: vm_config plans only the MMIO part; a clique the probe set survives the converge."""
     spec = VmSpec(vmid=100, p2p="probe", self_heal="off")
-    config = vm_config(spec, ["gpu0", "gpu1"], WINDOW, None, "-set device.hostpci0.0.x-nv-gpudirect-clique=0")
+    config = vm_config(spec, ["gpu0", "gpu1"], WINDOW, None, "-set device.hostpci0.x-nv-gpudirect-clique=0")
     assert config["args"] == MMIO
     current: dict[str, object] = {**config, **create_keys(spec), "args": f"{OPERATOR} {MMIO} {EIGHT}"}
     assert diff_vm(config, create_keys(spec), current, "gpu", keep_clique=True).set == {}
@@ -255,3 +284,44 @@ def test_error_nccl_vm_plan_with_p2p_still_refuses_operator_p2p_variables() -> N
         "sglang.env.NCCL_P2P_LEVEL: refused in the vm profile: it lets NCCL try P2P, which passed-through "
         "GPUs do not support"
     )
+
+
+HIDDEN_NOTE = (
+    "cpu host,hidden=1 has hidden=1 (kvm=off), with which the guest's NVIDIA driver ignores the GPUDirect "
+    "clique (vm.p2p): pvegpu's cpu value, without hidden, replaces it"
+)
+
+
+@pytest.mark.parametrize(
+    ("p2p", "args", "keep_clique", "notes"),
+    [
+        ("on", MMIO, False, (HIDDEN_NOTE,)),  # the clique is being set
+        ("probe", f"{MMIO} {EIGHT}", True, (HIDDEN_NOTE,)),  # the probe's clique is there
+        ("probe", MMIO, True, ()),  # no clique (yet): replaced without a word
+        ("off", f"{MMIO} {EIGHT}", False, ()),  # the clique leaves with the converge
+    ],
+)
+def test_update_cpu_never_hidden_while_a_clique_is_set(
+    p2p: str, args: str, keep_clique: bool, notes: tuple[str, ...]
+) -> None:
+    spec = VmSpec(vmid=100, p2p=p2p, self_heal="off")
+    config = vm_config(spec, ["gpu0"], WINDOW, None, EIGHT)
+    current: dict[str, object] = {**config, **create_keys(spec), "args": args, "cpu": "host,hidden=1"}
+    change = diff_vm(config, create_keys(spec), current, "gpu", keep_clique=keep_clique)
+    assert change.set["cpu"] == "host"
+    assert change.notes == notes
+
+
+@pytest.mark.parametrize(
+    ("cpu", "hidden"),
+    [
+        ("host,hidden=1", True),
+        ("host,hidden=on", True),
+        ("cputype=host,flags=+pcid,hidden=yes", True),
+        ("host,hidden=0", False),
+        ("host,phys-bits=46", False),
+        (None, False),
+    ],
+)
+def test_cpu_hidden_reads_proxmox_booleans(cpu: str | None, hidden: bool) -> None:
+    assert cpu_hidden(cpu) is hidden

@@ -77,11 +77,9 @@ def test_create_public_with_api_key_multi_node_and_options_off() -> None:
     assert secret_options(spec) == (("api-key", "/etc/pvegpu/sglang.key"),)
 
 
-def test_create_admin_key_alone_also_reads_the_config_file() -> None:
-    spec = SglangSpec(admin_api_key_file="/root/admin.key")
-    assert plan_sglang_argv(spec, 8)[-3:] == ("--config", "/run/sglang/secrets.yaml", "--enable-metrics")
-    assert secret_options(spec) == (("admin-api-key", "/root/admin.key"),)
+def test_create_admin_key_with_the_api_key_reads_the_config_file() -> None:
     both = SglangSpec(api_key_file="/root/api.key", admin_api_key_file="/root/admin.key")
+    assert plan_sglang_argv(both, 8)[-3:] == ("--config", "/run/sglang/secrets.yaml", "--enable-metrics")
     assert secret_options(both) == (("api-key", "/root/api.key"), ("admin-api-key", "/root/admin.key"))
 
 

@@ -285,11 +285,20 @@ def test_error_wait_task_timeout() -> None:
     assert str(raised.value) == f"504 task {UPID_START} still running after 10 s"
 
 
-def test_error_task_with_warnings_is_not_ok() -> None:
-    done = (json.dumps({"exitstatus": "WARNINGS: 1", "status": "stopped", "upid": UPID_START}) + "\n", "", 0)
+def test_task_with_warnings_succeeded() -> None:
+    done = (json.dumps({"exitstatus": "WARNINGS: 2", "status": "stopped", "upid": UPID_START}) + "\n", "", 0)
     api, _ = client(done)
-    with pytest.raises(TaskFailedError, match=r"^500 WARNINGS: 1$"):
+    status = api.wait_task(UPID_START, timeout=1)
+    assert (status.ok, status.exitstatus) == (True, "WARNINGS: 2")
+
+
+@pytest.mark.parametrize("exitstatus", ["WARNINGS: ", "WARNINGS: 1 more", "unexpected status", "warnings: 1"])
+def test_error_task_exitstatus_that_is_an_error(exitstatus: str) -> None:
+    done = (json.dumps({"exitstatus": exitstatus, "status": "stopped", "upid": UPID_START}) + "\n", "", 0)
+    api, _ = client(done)
+    with pytest.raises(TaskFailedError) as raised:
         api.wait_task(UPID_START, timeout=1)
+    assert str(raised.value) == f"500 {exitstatus}"
 
 
 def test_qemu_put_output_before_json_and_null_result() -> None:

@@ -653,6 +653,9 @@ def test_start_hands_the_hypervisor_the_boot_disk_and_the_custom_user_data(pve: 
             },
             "cloud_init": {"user_data": user_data, "ipconfig0": "ip=dhcp", "hostname": "llm", "mac": mac},
             "mac": mac,
+            "config": dict(
+                line.split(": ", 1) for line in pve.file("etc/pve/qemu-server/100.conf").splitlines()
+            ),
         }
     ]
     assert pve.json("get", "/nodes/pve1/qemu/100/status/current")["status"] == "running"

@@ -132,3 +132,51 @@ def test_config_script_writes_the_yaml_sglang_reads(tmp_path: Path) -> None:
     assert merge_config(["--model-path", "/m", "--config", str(config), "--port", "1"]) == [
         "--api-key", KEY, "--admin-api-key", 'adm"in\\', "--model-path", "/m", "--port", "1",
     ]  # fmt: skip
+
+
+LOGS = """
+import logging, sys
+from lab.standins.sglang_serve import configure_logging
+configure_logging({})
+logging.getLogger("sglang.srt.entrypoints.engine").info("server_args={'api_key': '%s'}" % sys.argv[1])
+logging.getLogger("sglang.srt.entrypoints.engine").warning("engine warning")
+logging.getLogger("sglang.srt.managers.scheduler").info("Load weight end")
+"""
+
+
+def _startup_log(env: dict[str, str]) -> list[str]:
+    """What a start-up writes to stderr (the journal) with logging set up as SGLang's `configure_logger`."""
+    result = subprocess.run(
+        ["python3", "-c", LOGS, KEY],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return [line.partition("] ")[2] for line in result.stderr.splitlines()]
+
+
+def test_without_the_logging_config_sglang_logs_the_keys_at_start() -> None:
+    assert _startup_log({}) == [f"server_args={{'api_key': '{KEY}'}}", "engine warning", "Load weight end"]
+
+
+def test_config_script_writes_the_logging_config_that_hides_server_args(tmp_path: Path) -> None:
+    credentials, runtime = tmp_path / "credentials", tmp_path / "run"
+    credentials.mkdir()
+    runtime.mkdir(mode=0o700)
+    (credentials / "api-key").write_text(KEY + "\n")
+    config = runtime / "secrets.yaml"
+    script = render("sglang/sglang-secrets.py.j2", user="sglang", config=str(config), options=["api-key"])
+    subprocess.run(
+        ["python3", "-c", script], env={**os.environ, "CREDENTIALS_DIRECTORY": str(credentials)}, check=True
+    )
+    logging_config = runtime / "logging.json"
+    assert sorted(p.name for p in runtime.iterdir()) == ["logging.json", "secrets.yaml"]
+    assert json.loads(logging_config.read_text())["loggers"] == {
+        "sglang.srt.entrypoints.engine": {"level": "WARNING"}
+    }
+    assert _startup_log({"SGLANG_LOGGING_CONFIG_PATH": str(logging_config)}) == [
+        "engine warning",
+        "Load weight end",
+    ]

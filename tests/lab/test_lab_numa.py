@@ -43,6 +43,7 @@ pytestmark = pytest.mark.lab
 
 MEMORY = 8192
 CLIQUE = "-msg timestamp=on"  # an operator's own part of `args` (no part pvegpu writes)
+BAD_PART = "-set device.hostpci0.0.rombar=0"  # an operator's part QEMU refuses
 
 
 @pytest.fixture(autouse=True)
@@ -123,3 +124,18 @@ def test_vm_numa_layout_host_on_the_reference_box(
         "sockets: 2, cores: 4, numa0: cpus=0-3,hostnodes=0,memory=4096,policy=bind, "
         "numa1: cpus=4-7,hostnodes=1,memory=4096,policy=bind, affinity: 1-31,33-127"
     ]
+
+    # An operator's part QEMU refuses (a dotted id: `-set` reads device `hostpci0`, property `0.rombar`, and
+    # the multifunction slot's devices are `hostpci0.0`, `hostpci0.1`): pvegpu keeps it, its cold restart
+    # fails with QEMU's own message, said in one line naming the VM and the part; the VM stays down.
+    lab_ssh(node, f"pvesh set /nodes/{pve_name}/qemu/100/config --args '{BAD_PART} {mmio}'")
+    refused = pyinfra_cli("-y", "--limit", pve_name, VM_INVENTORY, "deploy/vm.py", check=False)
+
+    assert refused.returncode != 0
+    said = [line.split("] ", 1)[1].strip() for line in refused.stderr.splitlines() if "no device" in line]
+    assert said == [
+        f'VM 100 did not start: kvm: {BAD_PART}: there is no device "hostpci0" defined '
+        "(start failed: QEMU exited with code 1)"
+    ]
+    assert not (node.root / "var/run/qemu-server/100.pid").exists()
+    assert vm_conf(node)["args"] == f"{BAD_PART} {mmio}"

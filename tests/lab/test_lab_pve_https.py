@@ -103,7 +103,8 @@ def test_lab_inventory_pve_data_per_backend(node: hosts.LabHost) -> None:
     assert api is not None
     assert _lab_pve_data("ssh") == {node.name: {"backend": "ssh"}}
     assert _lab_pve_data("local") == {node.name: {"backend": "local"}}
-    assert _lab_pve_data(None) == _lab_pve_data("https") == {
+    assert _lab_pve_data(None) == _lab_pve_data("https")
+    assert _lab_pve_data("https") == {
         node.name: {
             "backend": "https",
             "token_id": TOKEN_ID,

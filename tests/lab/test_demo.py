@@ -35,15 +35,16 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         )
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
-        # Run 1 changes 12 of the node's 14 operations (host, mappings; the storage's content types, the
+        # Run 1 changes 12 of the node's 15 operations (host, mappings; the storage's content types, the
         # cloud image downloaded, the user-data snippet, the pre-start hook, the VM created from the image,
         # its disk grown, started, its guest's host key recorded; no host driver to park, no i440FX VM to
-        # convert); the guest is not in run 1's inventory (it did not exist when run 1 connected). Run 2
-        # changes 22 operations on the guest (driver, SGLang, NCCL's topology file) and none on the node (its
-        # 14, plus the guest's already-present packages); the doctor changes nothing.
+        # convert, no pending config change to apply); the guest is not in run 1's inventory (it did not
+        # exist when run 1 connected). Run 2 changes 22 operations on the guest (driver, SGLang, NCCL's
+        # topology file) and none on the node (its 15, plus the guest's already-present packages); the
+        # doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
-            ("14", "12", "-", "2"),
-            ("36", "22", "-", "14"),
+            ("15", "12", "-", "3"),
+            ("37", "22", "-", "15"),
             ("-", "-", "-", "-"),
         ]
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pvegpu.facts.pve import connect, shared_reads
+from pvegpu.facts.pve import FirstCall, connect, shared_reads
 from pvegpu.models.pve_api import PveApiSpec
 from pvegpu.models.pve_root_only import ct_root_only_keys, root_only_params, vm_root_only_keys
 from pvegpu.pve import CommandTransport, Method, Params, PveClient, RootRouted, acts_as
@@ -213,14 +213,18 @@ def test_connect_https_routes_root_only_keys_over_the_hosts_ssh(token_file: str)
     spec = PveApiSpec(backend="https", token_id=TOKEN, token_file=token_file, port=8006)
     client = connect(spec, {"ssh_hostname": "192.0.2.10", "ssh_user": "root"})
     assert isinstance(client.call, RootRouted)
-    assert (client.call.token_id, type(client.call.token).__name__) == (TOKEN, "HttpsTransport")
+    assert isinstance(client.call.token, FirstCall)
+    assert client.call.token_id == client.call.token.identity == TOKEN
     assert client.acts_as("PUT", CONFIG, {"hookscript": "local:snippets/pvegpu-hook"}) == "root@pam"
+    assert client.call.token._made is None  # nothing of the https backend is built before a call
+    assert isinstance(client.call.token.make(), HttpsTransport)
 
 
 def test_connect_https_without_root_ssh_is_the_token_alone(token_file: str) -> None:
     spec = PveApiSpec(backend="https", token_id=TOKEN, token_file=token_file, root_ssh=False)
     client = connect(spec, {"ssh_hostname": "192.0.2.10"})
-    assert isinstance(client.call, HttpsTransport)
+    assert isinstance(client.call, FirstCall)
+    assert isinstance(client.call.make(), HttpsTransport)
     assert client.acts_as("PUT", CONFIG, {"hookscript": "local:snippets/pvegpu-hook"}) == TOKEN
 
 
@@ -238,4 +242,6 @@ def test_connect_takes_the_pyinfra_host_name_without_ssh_hostname(token_file: st
     spec = PveApiSpec(backend="https", token_id=TOKEN, token_file=token_file)
     client = connect(spec, {"ssh_user": "root"}, "pve1.example.net")
     assert isinstance(client.call, RootRouted)
-    assert client.call.token.api._store["base_url"] == "https://pve1.example.net:8006/api2/json"  # type: ignore[attr-defined]
+    assert isinstance(client.call.token, FirstCall)
+    https = client.call.token.make()
+    assert https.api._store["base_url"] == "https://pve1.example.net:8006/api2/json"  # type: ignore[attr-defined]

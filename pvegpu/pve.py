@@ -1,6 +1,6 @@
 """A small typed interface to the Proxmox VE API, over proxmoxer 2.3.0.
 
-Backends (`pvegpu.pve_https.connect_https`, `connect_ssh`, `connect_local`):
+Backends (`pvegpu.pve_https.connect_https`, `ssh_transport`, `connect_local`):
 
 - `https`: proxmoxer's requests backend with an API token (`user@realm!name` + secret), in
   pvegpu/pve_https.py (so that the other backends never import requests). TLS is verified against the
@@ -380,32 +380,6 @@ def _connection_ended(transport: paramiko.Transport) -> bool:
     return not transport.is_active()
 
 
-def connect_ssh(
-    host: str,
-    user: str = "root",
-    *,
-    port: int = 22,
-    key_filename: str | None = None,
-    known_hosts: str | None = None,
-    sudo: bool = False,
-    timeout: float = 30,
-) -> PveClient:
-    """A client running `pvesh` on `host` over SSH (paramiko). The host key must be in the system
-    known_hosts or in `known_hosts`; otherwise PveConnectionError, nothing is added. A dropped connection
-    (the node rebooted) is re-established before the next call (`_KnownHostsSession.run`)."""
-    return PveClient(
-        ssh_transport(
-            host,
-            user,
-            port=port,
-            key_filename=key_filename,
-            known_hosts=known_hosts,
-            sudo=sudo,
-            timeout=timeout,
-        )
-    )
-
-
 def ssh_transport(
     host: str,
     user: str = "root",
@@ -416,8 +390,10 @@ def ssh_transport(
     sudo: bool = False,
     timeout: float = 30,
 ) -> CommandTransport:
-    """`connect_ssh`'s transport: `pvesh` on `host` over SSH, connected now (PveConnectionError when the
-    connection or the host key is refused)."""
+    """`pvesh` on `host` over SSH (paramiko), connected now. The host key must be in the system known_hosts
+    or in `known_hosts`; otherwise PveConnectionError, nothing is added (as for a refused connection). A
+    dropped connection (the node rebooted) is re-established before the next call
+    (`_KnownHostsSession.run`)."""
     try:
         session = _KnownHostsSession(
             known_hosts, host=host, user=user, private_key_file=key_filename, port=port, timeout=timeout

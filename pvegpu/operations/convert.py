@@ -22,7 +22,7 @@ from pyinfra.context import host
 
 from pvegpu.models.guest_boot import GuestBoot, GuestFilesystem
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
-from pvegpu.operations.pve_guest import VM, Guest, locked
+from pvegpu.operations.pve_guest import VM, Guest, locked, wait_status
 from pvegpu.plan.convert import (
     OS_RELEASE,
     Conversion,
@@ -37,7 +37,6 @@ from pvegpu.plan.guest_leftovers import left_by_a_create
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm
 from pvegpu.pve import PveClient, PveError
-from pvegpu.wait import WaitTimeoutError, wait_until
 
 
 @operation()
@@ -161,15 +160,7 @@ def _shut_down(guest: Guest, timeout_s: float) -> None:
         raise OperationError(
             f"VM {guest.vmid} did not shut down ({error.line}): not converted, its config is unchanged"
         ) from None
-
-    def running() -> str | None:
-        status = guest.status()
-        return None if status == "stopped" else status
-
-    try:
-        wait_until(running, timeout_s, f"VM {guest.vmid}: the shutdown task ended OK, but it runs")
-    except WaitTimeoutError as timeout:
-        raise OperationError(str(timeout)) from None
+    wait_status(guest, "stopped", timeout_s, "the shutdown task ended OK, but it runs")
 
 
 def _set_q35(guest: Guest, plan: Conversion, diff: Callable[[Mapping[str, object]], VmChange]) -> None:

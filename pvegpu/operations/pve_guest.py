@@ -473,7 +473,7 @@ def _start(guest: Guest, timeout_s: float, after_start: Callable[[], None] | Non
         raise OperationError(f"{guest.label} did not start: {start_failure(guest.api, error)}") from None
     except PveError as error:
         raise OperationError(f"{guest.label} not started: {error.line}") from None
-    _wait_status(guest, "running", timeout_s, "the start task ended OK, but it is not running")
+    wait_status(guest, "running", timeout_s, "the start task ended OK, but it is not running")
     if after_start is not None:
         after_start()
 
@@ -483,10 +483,10 @@ def _stop(guest: Guest, timeout_s: float) -> None:
         guest.api.wait_task(guest.kind.stop(guest.api, guest.node, guest.vmid), timeout_s)
     except PveError as error:
         raise OperationError(f"{guest.label} not stopped: {error.line}") from None
-    _wait_status(guest, "stopped", timeout_s, "the stop task ended OK, but it runs")
+    wait_status(guest, "stopped", timeout_s, "the stop task ended OK, but it runs")
 
 
-def _wait_status(guest: Guest, wanted: str, timeout_s: float, what: str) -> None:
+def wait_status(guest: Guest, wanted: str, timeout_s: float, what: str) -> None:
     """Poll until the guest's status is `wanted`; else OperationError `<label>: <what> after N s`."""
 
     def pending() -> str | None:

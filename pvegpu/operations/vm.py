@@ -30,12 +30,11 @@ from pvegpu.create_records import CreateLedger
 from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.api_command import api_command, one_line_errors
-from pvegpu.operations.pve_guest import VM, Guest, converge
+from pvegpu.operations.pve_guest import VM, Guest, converge, wait_status
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm, nvidia_gpus, pending_keys, pending_report
 from pvegpu.pve import PveClient, PveError, TaskFailedError
-from pvegpu.wait import WaitTimeoutError, wait_until
 
 
 @operation()
@@ -116,22 +115,7 @@ def cold_restart(guest: Guest, timeout_s: float) -> None:
             raise StartFailedError(guest.label, start_failure(api, error)) from None
     except PveError as error:
         raise OperationError(f"{guest.label}: restart failed: {error.line}") from None
-    wait_running(guest, timeout_s)
-
-
-def wait_running(guest: Guest, timeout_s: float) -> None:
-    """Poll until the VM reports `running`; else OperationError after `timeout_s`."""
-
-    def pending() -> str | None:
-        status = guest.status()
-        return None if status == "running" else status
-
-    try:
-        wait_until(pending, timeout_s, f"{guest.label}: running after its start")
-    except WaitTimeoutError as timeout:
-        raise OperationError(str(timeout)) from None
-    except PveError as error:
-        raise OperationError(f"{guest.label}: waiting until it runs: {error.line}") from None
+    wait_status(guest, "running", timeout_s, "running after its restart")
 
 
 def guest_in_run(node_host: Host) -> bool:

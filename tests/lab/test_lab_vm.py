@@ -24,7 +24,7 @@ from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.pve import PciMapping, parse_map_entry
 from pvegpu.operations.mapping import _update
 from pvegpu.plan.vm import nvidia_gpus
-from pvegpu.pve import PveError, connect_ssh
+from pvegpu.pve import PveClient, PveError, ssh_transport
 
 pytestmark = pytest.mark.lab
 
@@ -181,7 +181,9 @@ def test_error_mapping_edited_by_someone_else_is_not_overwritten(pve_name: str, 
     ours = f"id=10de:2bb1,node={pve_name},path=0000:41:00,iommugroup=14,subsystem-id=10de:204b"
     theirs = ours.replace("iommugroup=14", "iommugroup=99")
     lab_ssh(node, f"pvesh create /cluster/mapping/pci --id gpu0 --map {ours.replace('=14', '=13')}")
-    api = connect_ssh(node.address, key_filename=str(node.key), known_hosts=str(hosts.known_hosts_path()))
+    api = PveClient(
+        ssh_transport(node.address, key_filename=str(node.key), known_hosts=str(hosts.known_hosts_path()))
+    )
     read = api.mapping("gpu0")
     assert read is not None
     lab_ssh(node, f"pvesh set /cluster/mapping/pci/gpu0 --map {theirs}")  # someone else, after our read

@@ -48,8 +48,8 @@ from pvegpu.pve import (
     PveError,
     TaskFailedError,
     TaskTimeoutError,
-    connect_ssh,
     pvesh_argv,
+    ssh_transport,
     upid_node,
 )
 from pvegpu.pve_https import connect_https
@@ -367,7 +367,7 @@ def test_error_ssh_unknown_host_key_is_refused(
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     with pytest.raises(PveConnectionError) as raised:
-        connect_ssh("127.0.0.1", port=port, known_hosts=str(empty), timeout=5)
+        PveClient(ssh_transport("127.0.0.1", port=port, known_hosts=str(empty), timeout=5))
     assert (
         raised.value.message
         == f"ssh root@127.0.0.1:{port}: Server '[127.0.0.1]:{port}' not found in known_hosts"
@@ -382,7 +382,9 @@ def test_ssh_known_host_key_passes_to_authentication(
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} {key.get_name()} {key.get_base64()}\n")
     with pytest.raises(PveConnectionError) as raised:
-        connect_ssh("127.0.0.1", port=port, known_hosts=str(known), key_filename=key_file, timeout=5)
+        PveClient(
+            ssh_transport("127.0.0.1", port=port, known_hosts=str(known), key_filename=key_file, timeout=5)
+        )
     # past the host key check: the server refuses the login
     assert (
         raised.value.message

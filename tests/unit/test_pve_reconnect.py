@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pvegpu.pve import PveConnectionError, PveConnectionLostError, connect_ssh
+from pvegpu.pve import PveClient, PveConnectionError, PveConnectionLostError, ssh_transport
 
 
 def _key(path: Path) -> paramiko.Ed25519Key:
@@ -122,7 +122,9 @@ def node(tmp_path: Path) -> Iterator[tuple[Node, str, str]]:
 
 def test_drift_the_call_after_a_reboot_reconnects_and_runs(node: tuple[Node, str, str]) -> None:
     state, key, known = node
-    api = connect_ssh("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    api = PveClient(
+        ssh_transport("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    )
     assert api.mappings() == ()
 
     state.reboot()
@@ -134,7 +136,9 @@ def test_drift_the_call_after_a_reboot_reconnects_and_runs(node: tuple[Node, str
 
 def test_error_a_node_that_does_not_come_back_fails_the_call_in_one_line(node: tuple[Node, str, str]) -> None:
     state, key, known = node
-    api = connect_ssh("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    api = PveClient(
+        ssh_transport("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    )
     state.client_key = _key(Path(known).with_name("other_key"))  # the node refuses the key once back
 
     state.reboot()
@@ -150,7 +154,9 @@ def test_error_a_node_that_does_not_come_back_fails_the_call_in_one_line(node: t
 
 def test_drift_a_read_the_connection_drops_under_is_sent_once_more(node: tuple[Node, str, str]) -> None:
     state, key, known = node
-    api = connect_ssh("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    api = PveClient(
+        ssh_transport("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    )
     state.drops = 1
 
     assert api.mappings() == ()
@@ -161,7 +167,9 @@ def test_drift_a_read_the_connection_drops_under_is_sent_once_more(node: tuple[N
 
 def test_error_a_write_the_connection_drops_under_is_not_sent_again(node: tuple[Node, str, str]) -> None:
     state, key, known = node
-    api = connect_ssh("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    api = PveClient(
+        ssh_transport("127.0.0.1", port=state.port, key_filename=key, known_hosts=known, timeout=5)
+    )
     state.drops = 1
 
     with pytest.raises(PveConnectionLostError) as error:

@@ -22,7 +22,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.connectors.ssh import SSHConnector
 
-from pvegpu.pve import connect_ssh
+from pvegpu.pve import PveClient, ssh_transport
 from pvegpu.ssh_nodelay import nodelay_transport
 
 REPO = Path(__file__).resolve().parents[2]
@@ -133,12 +133,14 @@ def _connected_pyinfra_host(server: Server, extra_data: dict[str, Any]) -> SSHCo
 
 
 def test_pve_ssh_session_sets_tcp_nodelay(server: Server) -> None:
-    api = connect_ssh(
-        "127.0.0.1",
-        port=server.port,
-        known_hosts=server.known_hosts,
-        key_filename=server.client_key,
-        timeout=5,
+    api = PveClient(
+        ssh_transport(
+            "127.0.0.1",
+            port=server.port,
+            known_hosts=server.known_hosts,
+            key_filename=server.client_key,
+            timeout=5,
+        )
     )
     assert _nodelay(_client_socket(server.port)) == 1
     del api  # connected until here

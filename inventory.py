@@ -56,6 +56,7 @@ pve_nodes = exit_on_invalid(
                     "backend": "https",
                     "token_id": "pvegpu@pve!deploy",
                     "token_file": "/etc/pvegpu/pve-token",
+                    # "owner": "team-a",  # the id in pvegpu's mark (default: `cluster`, else the node name)
                 },
                 # `vm.mmio` is `args` by default: the OVMF MMIO window sized from the GPUs' BARs, set as root.
                 "vm": {
@@ -69,6 +70,9 @@ pve_nodes = exit_on_invalid(
                     "image": {"url": DEBIAN_12_IMAGE, "checksum": "0" * 128, "checksum_algorithm": "sha512"},
                     "ipconfig": "ip=192.0.2.50/24,gw=192.0.2.1",  # or "ip=dhcp": the guest agent reports it
                     # "ssh_public_keys": ["ssh-ed25519 AAAA... you@desk"],  # your own login, besides pvegpu's
+                    # A VM at `vmid` that pvegpu did not make (no `pvegpu` tag and `pvegpu-owner:` line) is
+                    # refused; "adopt": True takes it over (e.g. your i440FX VM to convert), writing the mark.
+                    # "adopt": True,
                 },
                 # Declared here so that switching back from the `lxc` profile stops it; add
                 # "ssh_public_keys": ["ssh-ed25519 AAAA... you@desk"] so pyinfra can reach it (lxc_guests).

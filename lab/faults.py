@@ -4,7 +4,7 @@
 command of a session as `<login shell> -c COMMAND`, so the fault shell sees each command pyinfra sends, as
 sent. Unarmed, or for any other command, it is /bin/sh. `arm(host, fault, pattern, arg)` arms one fault,
 which fires once, on the first command matching `pattern` (an fnmatch pattern for the whole command, e.g.
-`sh -c update-grub`), and is disarmed then:
+`sh -c update-grub`), and is disarmed then; faults armed one after the other wait side by side:
 
 - `cut`: the SSH connection is cut before the command runs: every sshd process serving the connection is
   killed (SIGKILL), as a network or power loss ends it; the client sees its connection dropped.
@@ -13,6 +13,13 @@ which fires once, on the first command matching `pattern` (an fnmatch pattern fo
   renamed into place.
 - `disk-full`: the command runs under RLIMIT_FSIZE `arg` bytes, SIGXFSZ ignored: a write past `arg` bytes of
   a file fails with EFBIG, as on a full disk, after the bytes before it landed.
+- `freeze`: as `cut`, but the sshd processes are stopped (SIGSTOP) `arg` seconds first: a peer that hangs,
+  then goes away. The command does not run.
+- `cut-others`: every other SSH connection to the node is cut (their sshd processes killed), then the
+  command runs: pyinfra's connection dies under an operation that talks to the API over its own.
+- `link-down`: the node's link (eth0) goes down for `arg` seconds, from a detached process, and the command
+  runs (its output waits in TCP); new connections fail meanwhile. `netns` hosts only (an nspawn container
+  may not change its link).
 
 Each fault that fires appends `<fault>` to FIRED on the node.
 """
@@ -25,8 +32,8 @@ from typing import Literal
 
 from lab.hosts import LabHost
 
-Fault = Literal["cut", "kill-at-rename", "disk-full"]
-FAULTS: tuple[Fault, ...] = ("cut", "kill-at-rename", "disk-full")
+Fault = Literal["cut", "kill-at-rename", "disk-full", "freeze", "cut-others", "link-down"]
+FAULTS: tuple[Fault, ...] = ("cut", "kill-at-rename", "disk-full", "freeze", "cut-others", "link-down")
 # On the node (its root's overlay, so this machine writes it directly, in both host modes).
 STATE = "/var/lib/pvegpu-lab/fault"
 ARMED = f"{STATE}/armed"
@@ -70,7 +77,8 @@ def arm(host: LabHost, fault: Fault, pattern: str, arg: str = "") -> None:
     """Arm `fault` for the first command on `host` matching `pattern` (module docstring)."""
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-    _on(host, ARMED).write_text(f"{fault}\n{pattern}\n{arg}\n")
+    with _on(host, ARMED).open("a") as armed:
+        armed.write(f"{fault}\n{pattern}\n{arg}\n")
 
 
 def armed(host: LabHost) -> bool:

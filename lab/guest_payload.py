@@ -271,23 +271,32 @@ def _build(out: Path) -> None:
         (repo / "Release").write_text(_release(repo))
         _run(*gpg, "--clearsign", "-o", repo / "InRelease", repo / "Release", env=env)
         _run(*gpg, "-abs", "-o", repo / "Release.gpg", repo / "Release", env=env)
-    _wheel(wheels)
+    wheel(wheels)
 
 
-def _wheel(out: Path) -> None:
-    """A pure-python wheel: package `sglang` (the stand-in + option table), console script `sglang`, and
-    the stand-in `torch` package."""
+def wheel(out: Path) -> Path:
+    """A pure-python wheel in `out`, its path: package `sglang` (the stand-in + option table), console
+    script `sglang`, and the stand-in `torch` package."""
     dist = f"sglang-{WHEEL_VERSION}.dist-info"
     files = {
         "sglang/__init__.py": (
             f'"""pvegpu lab STAND-IN for SGLang {SGLANG_VERSION}."""\n__version__ = "{WHEEL_VERSION}"\n'
         ),
-        "sglang/cli.py": (STANDINS / "sglang_serve.py").read_text(),
+        # SGLang's layout where pvegpu's launcher (templates/sglang/sglang-secrets.py.j2) reaches into it:
+        # `sglang.cli.main:main`, `sglang.launch_server.run_server`, `sglang.srt.entrypoints.http_server`.
+        "sglang/cli/__init__.py": "",
+        "sglang/cli/main.py": (STANDINS / "sglang_serve.py").read_text(),
+        "sglang/launch_server.py": "from sglang.cli.main import run_server  # pvegpu lab STAND-IN\n",
+        "sglang/srt/__init__.py": "",
+        "sglang/srt/entrypoints/__init__.py": "",
+        "sglang/srt/entrypoints/http_server.py": (
+            "from sglang.cli.main import launch_server, redact_watermark_secrets  # pvegpu lab STAND-IN\n"
+        ),
         "sglang/benchmark/__init__.py": '"""pvegpu lab STAND-IN for sglang.benchmark."""\n',
         "sglang/benchmark/serving.py": (STANDINS / "sglang_bench.py").read_text(),
         "torch/__init__.py": (STANDINS / "torch_standin.py").read_text(),
-        "sglang/options.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_options.json").read_text(),
-        "sglang/deprecated.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_deprecated.json").read_text(),
+        "sglang/cli/options.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_options.json").read_text(),
+        "sglang/cli/deprecated.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_deprecated.json").read_text(),
         f"{dist}/METADATA": (
             f"Metadata-Version: 2.1\nName: sglang\nVersion: {WHEEL_VERSION}\n"
             "Summary: pvegpu lab STAND-IN for SGLang (argv check + tiny OpenAI-style API; no model runs)\n"
@@ -295,16 +304,18 @@ def _wheel(out: Path) -> None:
         f"{dist}/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: pvegpu-lab\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),
-        f"{dist}/entry_points.txt": "[console_scripts]\nsglang = sglang.cli:main\n",
+        f"{dist}/entry_points.txt": "[console_scripts]\nsglang = sglang.cli.main:main\n",
     }
     record = []
     for name, content in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(content.encode()).digest()).rstrip(b"=").decode()
         record.append(f"{name},sha256={digest},{len(content.encode())}")
     files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
-    with zipfile.ZipFile(out / f"sglang-{WHEEL_VERSION}-py3-none-any.whl", "w") as wheel:
+    path = out / f"sglang-{WHEEL_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
         for name, content in files.items():
-            wheel.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), content)
+            archive.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), content)
+    return path
 
 
 def ensure_payload() -> Path:

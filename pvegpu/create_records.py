@@ -7,11 +7,13 @@ who can create guests there. One JSON file per guest, written whole (pvegpu.loca
 directory):
 
     <dir of ssh_known_hosts_file>/guest-keys/tasks/<node>-<qemu|lxc>-<vmid>.json
-        {"sent": <Unix seconds the POST was sent>, "upid": <the task's UPID, or null until the POST answered>}
+        {"nonce": <32 hex digits, on the create's description line `pvegpu-create: <nonce>`>,
+         "sent": <Unix seconds the POST was sent>, "upid": <the task's UPID, or null until the POST answered>}
 
 The record is written before the POST, given the UPID once it answered, and removed once the guest is
-verified whole (or nothing was created). A host without `ssh_known_hosts_file` keeps no records: a dead
-create is then never provably pvegpu's.
+verified whole, nothing was created, or the POST was answered with an error (no task of pvegpu's ran: the
+guest there is another's, e.g. `VM 100 already exists on node 'pve1'`). A host without
+`ssh_known_hosts_file` keeps no records: a dead create is then never provably pvegpu's.
 """
 
 from __future__ import annotations
@@ -48,17 +50,20 @@ class CreateLedger:
         nothing)."""
         try:
             data = json.loads(self.path(node, kind, vmid).read_text())
-            upid, sent = data["upid"], data["sent"]
-        except (OSError, ValueError, TypeError, KeyError):
+            upid, sent, nonce = data["upid"], data["sent"], data.get("nonce")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
-        if not (upid is None or isinstance(upid, str)) or not isinstance(sent, int):
+        if not all(value is None or isinstance(value, str) for value in (upid, nonce)):
             return None
-        return CreateRecord(upid=upid, sent=sent)
+        if not isinstance(sent, int):
+            return None
+        return CreateRecord(upid=upid, sent=sent, nonce=nonce)
 
     def write(self, node: str, kind: str, vmid: int, record: CreateRecord) -> None:
         """Write the record whole (0600, its directory 0700); LocalWriteError (an OSError) when it is not."""
         self.directory.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
-        text = json.dumps({"sent": record.sent, "upid": record.upid}, sort_keys=True) + "\n"
+        data = {"nonce": record.nonce, "sent": record.sent, "upid": record.upid}
+        text = json.dumps(data, sort_keys=True) + "\n"
         write_whole(self.path(node, kind, vmid), text, _MODE)
 
     def forget(self, node: str, kind: str, vmid: int) -> None:

@@ -54,6 +54,7 @@ from pvegpu.models.pve import (
     PciMapping,
     Severity,
     StorageConfig,
+    StorageVolume,
     TaskStatus,
     VmStatus,
 )
@@ -545,12 +546,15 @@ class PveClient:
         self._write("PUT", f"/nodes/{node}/qemu/{vmid}/config", params)
 
     def destroy_vm(self, node: str, vmid: int) -> str:
-        """`DELETE /nodes/{node}/qemu/{vmid}` with `destroy-unreferenced-disks=1` (also the volumes named for
-        `vmid` that its config does not list: what a killed create allocated) and `purge=1` (out of backup
-        and replication jobs, HA); returns the UPID. A running VM is refused (`VM 100 is running - destroy
-        failed`); a locked one fails the task (`VM is locked (create)`)."""
-        params: Params = {"destroy-unreferenced-disks": True, "purge": True}
-        return self._task("DELETE", f"/nodes/{node}/qemu/{vmid}", params)
+        """`DELETE /nodes/{node}/qemu/{vmid}` with neither `purge` nor `destroy-unreferenced-disks`: it frees
+        only the volumes its config names that `vmid` owns (qemu-server QemuServer.pm destroy_vm; the
+        caller frees the others it proves its own: `delete_volume`) and edits no backup, replication or HA
+        entry; returns the UPID. Refused before a task (API2/Qemu.pm destroy_vm's early checks): a VM in HA
+        (`unable to remove VM 100 - used in HA resources and purge parameter not set.`), one with a
+        replication job (`There is a replication job '100-0' for guest '100' - Please remove that
+        first.`), a running one (`VM 100 is running - destroy failed`); a locked one fails the task (`VM is
+        locked (create)`). A backup job naming `vmid` is left as it is."""
+        return self._task("DELETE", f"/nodes/{node}/qemu/{vmid}", {})
 
     def start_vm(self, node: str, vmid: int) -> str:
         """`POST …/status/start`; returns the UPID. A failed start (e.g. an invalid mapping) still returns
@@ -609,6 +613,11 @@ class PveClient:
         """`POST …/lxc/{vmid}/status/stop`; returns the UPID (`CT <vmid> not running` before one)."""
         return self._task("POST", f"/nodes/{node}/lxc/{vmid}/status/stop", {})
 
+    def shutdown_lxc(self, node: str, vmid: int, timeout_s: int) -> str:
+        """`POST …/lxc/{vmid}/status/shutdown` (a clean shutdown, lxc-stop(1)) with `timeout`; returns the
+        UPID (`CT <vmid> not running` before one; the task fails when it still runs after `timeout_s`)."""
+        return self._task("POST", f"/nodes/{node}/lxc/{vmid}/status/shutdown", {"timeout": timeout_s})
+
     def lxc_status(self, node: str, vmid: int) -> str:
         """`GET …/lxc/{vmid}/status/current`: `running` or `stopped`."""
         return self._read(
@@ -652,6 +661,31 @@ class PveClient:
 
         path = f"/nodes/{node}/storage/{storage}/content"
         return self._read(path, {"content": content}, parse)
+
+    def guest_volumes(self, node: str, storage: str, vmid: int) -> tuple[StorageVolume, ...]:
+        """`GET /nodes/{node}/storage/{storage}/content?vmid=…`: the volumes guest `vmid` owns there, each
+        with its `ctime` when the plugin reports one (pve-storage API2/Storage/Content.pm `index`: only the
+        volumes the identity may access, Datastore.Allocate or Datastore.Audit with VM.Config.Disk)."""
+
+        def parse(data: object) -> tuple[StorageVolume, ...]:
+            found = []
+            for item in _list(data):
+                values = _dict(item)
+                owner, ctime = values.get("vmid"), values.get("ctime")
+                if owner is not None and not isinstance(owner, int):
+                    raise _ShapeError("an integer 'vmid'")
+                if ctime is not None and not isinstance(ctime, int):
+                    raise _ShapeError("an integer 'ctime'")
+                found.append(StorageVolume(_text_of(values, "volid"), owner, ctime))
+            return tuple(found)
+
+        return self._read(f"/nodes/{node}/storage/{storage}/content", {"vmid": vmid}, parse)
+
+    def delete_volume(self, node: str, storage: str, volid: str) -> str:
+        """`DELETE /nodes/{node}/storage/{storage}/content/{volid}` (the volid whole: the content subclass
+        takes the rest of the path, slashes included, pve-storage API2/Storage/Status.pm); returns the UPID
+        of its `imgdel` task. Needs Datastore.Allocate on `/storage/{storage}`."""
+        return self._task("DELETE", f"/nodes/{node}/storage/{storage}/content/{volid}", {})
 
     def download_url(self, node: str, storage: str, params: Params) -> str:
         """`POST /nodes/{node}/storage/{storage}/download-url`; returns the UPID (a checksum mismatch fails

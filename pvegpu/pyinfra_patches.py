@@ -12,7 +12,18 @@ they were ~0.3 s of the run's CPU above pyinfra's floor.
   `AllArguments` (a TypedDict of ~40 keys, fixed at import) on every call, i.e. for every operation and
   fact. `global_arguments` evaluates them once. Upstream fix: cache them in pyinfra.
 
-`install()` swaps both in where pyinfra looks them up.
+`install()` swaps both in where pyinfra looks them up. It also makes a cut connection one line, neither
+of which patches pyinfra:
+
+- `pvegpu.run_progress.CutReport` is added to the run's state callbacks (`watch_cuts`).
+- paramiko's warnings and errors go to pyinfra's debug log (`pyinfra --debug` shows them). paramiko logs
+  every failed handshake at ERROR with its traceback, one record per line (`Exception (client): Error
+  reading SSH protocol banner`, then `Traceback (most recent call last):` ...), through the
+  `paramiko.transport` logger; pyinfra's CLI gives that logger no handler, so Python's last-resort handler
+  printed each of them on stderr while a node's link was down (the reconnecting waits try every few
+  seconds). The failure itself reaches pyinfra and pvegpu as an exception, reported in their own lines.
+  Routed from the deploy's start (`pvegpu.dispatch`): while pyinfra first connects, before any deploy code
+  runs, paramiko's lines still show.
 """
 
 from __future__ import annotations
@@ -20,11 +31,15 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 from typing import Any
 
 import pyinfra
 from pyinfra.api import arguments
 from pyinfra.api.util import PYINFRA_INSTALL_DIR
+from pyinfra.context import ctx_state
+
+from pvegpu.run_progress import watch_cuts
 
 # The modules, not the `operation` decorator and the `facts` names `pyinfra.api` exports.
 _OPERATION: Any = importlib.import_module("pyinfra.api.operation")
@@ -62,9 +77,26 @@ def global_arguments() -> list[tuple[str, type]]:
     return list(_global_argument_types())
 
 
+class ParamikoToDebug(logging.Handler):
+    """Each record of paramiko's log as one line of pyinfra's debug log."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        pyinfra.logger.debug("[%s] %s", record.name, record.getMessage())
+
+
+def route_paramiko_log() -> None:
+    """Give paramiko's logger `ParamikoToDebug` (once): Python's last-resort handler no longer prints it."""
+    paramiko_log = logging.getLogger("paramiko")
+    if not any(isinstance(handler, ParamikoToDebug) for handler in paramiko_log.handlers):
+        paramiko_log.addHandler(ParamikoToDebug())
+
+
 def install() -> None:
     """Make pyinfra take its operation order from `order_from_stack` and its global arguments from
-    `global_arguments` (idempotent)."""
+    `global_arguments`; report cut connections in one line (module docstring). Idempotent."""
     _OPERATION.get_operation_order_from_stack = order_from_stack
     arguments.all_global_arguments = global_arguments  # pop_global_arguments looks it up here
     _FACTS.all_global_arguments = global_arguments
+    route_paramiko_log()
+    if ctx_state.isset():  # type: ignore[no-untyped-call]
+        watch_cuts(ctx_state.get())  # type: ignore[no-untyped-call]

@@ -1,6 +1,8 @@
 """guest_parked_role: a managed guest the profile in use does not run, stopped and not started at boot
-(`onboot: 0`) so that the profile in use gets the GPUs: the Q35 VM on `lxc` / `baremetal` (only while its
-config maps pvegpu's GPUs: another VM is left alone), the container on `vm` / `baremetal`. Never deleted:
+(`onboot: 0`) so that the profile in use gets the GPUs: the Q35 VM on `lxc` / `baremetal`, the container on
+`vm` / `baremetal`, each only while it carries pvegpu's mark (pvegpu/plan/ownership.py; or `vm.adopt` /
+`lxc.adopt`): another guest at that vmid is left alone, said so. A VM is shut down cleanly, stopped only
+when the shutdown times out. Never deleted:
 back on its own profile, `q35_vm_role` / `lxc_gpu` set `onboot: 1` again and start it.
 
 Stopping a running guest takes the GPUs away from it, as a reboot would: only with
@@ -17,7 +19,8 @@ from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
 from pvegpu.models.lxc import LXC_KEY
 from pvegpu.models.vm import VM_KEY
-from pvegpu.operations.pve_guest import CT, VM, GuestKind, guest_parked
+from pvegpu.operations.pve_guest import CT, VM, GuestKind, Ownership, guest_parked
+from pvegpu.plan.ownership import owner_id
 
 # Each kind's deploy name, and the host data key that declares its managed guest.
 _PARKING: dict[GuestKind, tuple[str, str]] = {
@@ -48,7 +51,11 @@ def guest_parked_role(kind: GuestKind) -> None:
             api=pve_client(host),
             node=specs.node.name,
             vmid=spec.vmid,
-            prefix=None if vm is None else vm.mapping_prefix,
+            ownership=Ownership(
+                owner_id(specs.pve.owner, specs.pve.cluster, specs.node.name),
+                spec.adopt,
+                f"{key}.adopt",
+            ),
             profile=specs.node.profile,
             allow_stop=specs.host.allow_reboot,
             timeout_s=specs.pve.task_timeout_s,

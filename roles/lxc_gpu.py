@@ -27,7 +27,7 @@ from pvegpu.facts.pve import pve_client
 from pvegpu.host_plan import plan_of
 from pvegpu.models.inventory import KNOWN_HOSTS_KEY
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
-from pvegpu.operations.pve_guest import CT, guest_running
+from pvegpu.operations.pve_guest import CT, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import (
     SHM_ENTRY,
@@ -37,6 +37,7 @@ from pvegpu.plan.lxc import (
     plan_lxc_devices,
     raw_lines,
 )
+from pvegpu.plan.ownership import owner_id
 
 
 @deploy("Create and start the GPU container")
@@ -62,6 +63,9 @@ def lxc_gpu() -> None:
         raise OperationError(f"{host.name}: {error}") from None
     api = pve_client(host)
     timeout_s = plan.specs.pve.task_timeout_s
+    pve = plan.specs.pve
+    ownership = Ownership(owner_id(pve.owner, pve.cluster, node.name), spec.adopt, "lxc.adopt")
+    refuse_foreign(Guest(CT, api, node.name, spec.vmid), ownership)  # before anything of the run is written
     config, create = container_config(spec, devices), create_keys(spec)
 
     lxc_container(
@@ -77,6 +81,7 @@ def lxc_gpu() -> None:
             host.data.get(KNOWN_HOSTS_KEY),
             api.acts_as("POST", f"/nodes/{node.name}/lxc", {**config, **create}),
         ),
+        ownership=ownership,
     )
     lxc_raw_lines(
         name="Write the raw lxc lines (devices before Proxmox 8.1, /dev/shm)",

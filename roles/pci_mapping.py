@@ -5,6 +5,8 @@ share one set of mappings with one `map` line per node, so the first of them (by
 them for all, from every node's plan. Map lines of nodes outside that cluster are someone else's: kept.
 A node's GPUs that its VM gives a GPUDirect clique (`vm.p2p`) are mapped single-function
 (plan/p2p.py `single_function_gpus`; with `probe`, as the VM's config holds the clique).
+Each mapping carries pvegpu's mark (`pvegpu-owner: <id>` in its description, the syncing node's id:
+pvegpu/plan/ownership.py); a `gpuN` without it is refused while preparing, unless `mapping.adopt`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pyinfra.context import host, inventory
 from pvegpu.facts.pve import api_spec, pve_client
 from pvegpu.host_plan import plan_of
 from pvegpu.models.groups import PVE_NODES
-from pvegpu.operations.mapping import pci_mappings
+from pvegpu.operations.mapping import foreign_mappings, pci_mappings
 from pvegpu.plan.mapping import MappingPlanError, plan_mappings
+from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.p2p import clique_args, plan_cliques, single_function_gpus
 from pvegpu.pve import PveError
 
@@ -71,11 +74,18 @@ def pci_mapping() -> None:
         desired = plan_mappings(topologies, plan.mapping_prefix, single)
     except MappingPlanError as error:
         raise OperationError(f"{host.name}: cannot map the GPUs:\n{error}") from None
+    pve, node = plan.specs.pve, plan.specs.node.name
+    owner, adopt = owner_id(pve.owner, pve.cluster, node), plan.specs.mapping.adopt
+    api = pve_client(host)
+    # Before anything of the run is written: a gpuN without pvegpu's mark is refused (unless mapping.adopt).
+    foreign_mappings(api, desired, node, plan.mapping_prefix, owner=owner, adopt=adopt)
     pci_mappings(
         name="Sync the PCI mappings with the live IOMMU groups",
-        api=pve_client(host),
+        api=api,
         desired=desired,
-        node=plan.specs.node.name,
+        node=node,
         prefix=plan.mapping_prefix,
         cluster=sorted(topologies),
+        owner=owner,
+        adopt=adopt,
     )

@@ -17,7 +17,7 @@ from pvegpu.host_plan import plan_of
 from pvegpu.models.boot import BootLoaderKind
 from pvegpu.node_state import node_state_of
 from pvegpu.operations.cmdline import cmdline_tokens
-from pvegpu.operations.reboot import reboot_if_pending
+from pvegpu.operations.reboot import reboot_if_pending, reboot_planned, refuse_foreign_reboot
 from pvegpu.operations.vfio import vfio_config
 from pvegpu.plan.cmdline import retired_tokens
 
@@ -33,6 +33,19 @@ def pve_host() -> None:
     state = node_state_of(host)
     boot, files = state.boot, state.boot_files
     owned = files.grub_tokens if boot.kind is BootLoaderKind.GRUB else files.owned_tokens
+    retired = retired_tokens(owned, profile.tokens)
+    own_vmids = tuple(guest.vmid for guest in (plan.specs.vm, plan.specs.lxc) if guest is not None)
+    if spec.allow_reboot and reboot_planned(
+        host,
+        hardware=plan.hardware,
+        tokens=profile.tokens,
+        functions=plan.functions,
+        retired=retired,
+        vfio=profile.vfio,
+        cmdline_path=node.cmdline_path,
+    ):
+        # Refused here, while operations are collected: nothing of this run is written yet.
+        refuse_foreign_reboot(host, node.name, own_vmids, spec.allow_reboot_with_foreign_guests)
 
     cmdline_tokens(
         name="Set the kernel command line tokens pvegpu owns",
@@ -53,9 +66,12 @@ def pve_host() -> None:
         tokens=profile.tokens,
         functions=plan.functions,
         allow_reboot=spec.allow_reboot,
-        retired=retired_tokens(owned, profile.tokens),
+        retired=retired,
         vfio=profile.vfio,
+        cmdline_path=node.cmdline_path,
         timeout_s=spec.reboot_timeout_s,
         sysfs_root=node.sysfs_root,
-        cmdline_path=node.cmdline_path,
+        node=node.name,
+        own_vmids=own_vmids,
+        allow_foreign=spec.allow_reboot_with_foreign_guests,
     )

@@ -31,9 +31,10 @@ from pvegpu.operations.cloud_image import disk_grown
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
 from pvegpu.operations.p2p import guest_venv, p2p_clique
-from pvegpu.operations.pve_guest import VM, guest_running
+from pvegpu.operations.pve_guest import VM, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.operations.vm import guest_gpus, q35_vm, vm_pending
 from pvegpu.plan.mmio import mmio_refusal
+from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.p2p import clique_args, plan_cliques
 from pvegpu.plan.vm import create_keys, unbound_functions, vm_config
 from roles.cloud_image import cloud_image
@@ -62,6 +63,8 @@ def q35_vm_role() -> None:
         logger.info(f"{host.print_prefix}VM {spec.vmid}: {plan.mmio.guest}")
     hardware, topology = plan.hardware, plan.topology
     api = pve_client(host)
+    ownership = Ownership(owner_id(pve.owner, pve.cluster, node.name), spec.adopt, "vm.adopt")
+    refuse_foreign(Guest(VM, api, node.name, spec.vmid), ownership)  # before anything of the run is written
     storages_offer(api, spec)
     identity = None if spec.image is None else cloud_image(api, node.name, spec, pve.task_timeout_s)
     self_heal(api, node, spec)  # the hookscript exists before the VM's config names it
@@ -76,6 +79,7 @@ def q35_vm_role() -> None:
         create=create,
         prefix=spec.mapping_prefix,
         timeout_s=pve.task_timeout_s,
+        ownership=ownership,
     )
     converged = q35_vm(
         name="Create or converge the Q35 VM",
@@ -92,6 +96,7 @@ def q35_vm_role() -> None:
             api.acts_as("POST", f"/nodes/{node.name}/qemu", {**config, **create}),
         ),
         keep_clique=spec.p2p == "probe",
+        ownership=ownership,
     )
     disk_grown(
         name="The VM's system disk has its size",

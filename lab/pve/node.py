@@ -7,7 +7,7 @@ guests.
   each as a module in `/usr/lib/pvegpu-lab/` and a launcher that imports it, so that the node's python caches
   its bytecode: run as a script, the 3,000-line pvesh was compiled on every call (~50 ms of the node's CPU,
   four times in a no-op site run); beside them the modules they import: lab/pve/access.py (the STAND-IN for
-  Proxmox's access control) and lab/pve/pveproxy.py (the STAND-IN for its HTTPS API server);
+  Proxmox's access control), lab/pve/pveproxy.py (its HTTPS API server) and lab/pve/ha.py (its HA API);
 - `/usr/bin/pveversion`: a STAND-IN printing the release the pvesh stand-in reports;
 - `/etc/pvegpu-lab/pve.json`: the stand-ins' settings (node name, the node's sysfs root, the hypervisor
   request directory);
@@ -42,7 +42,7 @@ from lab.pve import api_setup
 PVESH = Path(__file__).with_name("pvesh.py")
 PCT = Path(__file__).with_name("pct.py")
 # Modules the stand-ins import (by these names: a stand-in run as a script finds its siblings).
-LIBRARIES = tuple(Path(__file__).with_name(name) for name in ("access.py", "pveproxy.py"))
+LIBRARIES = tuple(Path(__file__).with_name(name) for name in ("access.py", "pveproxy.py", "ha.py"))
 STANDIN_DIR = "usr/lib/pvegpu-lab"  # the stand-ins' modules, in the node's root
 # The launcher of a stand-in (`{module}`: its module in STANDIN_DIR).
 LAUNCHER = """#!/usr/bin/python3

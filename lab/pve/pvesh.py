@@ -17,15 +17,18 @@ pvegpu makes, the way `pvesh` does (shared/knowledge/proxmox-api-behaviour.md is
   with the final config; every write and start refuses a locked guest (`VM is locked (create)`) until the
   lock is removed (`qm unlock <vmid>` / `pct unlock <vmid>` on a real node; in the lab: `pvesh set
   .../config --delete lock --skiplock 1`); `DELETE /nodes/{node}/qemu/{vmid}` (task `qmdestroy`:
-  `skiplock`, `purge`, `destroy-unreferenced-disks`) destroys a VM and its volumes (`destroy_qemu`);
+  `skiplock`, `purge`, `destroy-unreferenced-disks`) destroys a VM and its volumes (`destroy_qemu`;
+  without `purge`, a VM in /etc/pve/ha/resources.cfg or /etc/pve/replication.cfg is refused);
 - errors: `400 Parameter verification failed.` + one `<param>: <msg>` line each + the usage line; plain
   `die` texts; `Unknown option: <name>`; `No '<cmd>' handler defined for '<path>'` (exit 1); else exit 255.
 - storage (pve-storage): `GET /storage` (`type`), `GET /storage/{storage}` (with `digest`), `PUT
   /storage/{storage}` (`content`, `disable`, `delete`, `digest`; answers `{"storage","type"}`; errors
   prefixed `update storage failed: `; a content type the plugin lacks is dropped with a stderr warning),
   `GET /nodes/{node}/storage/{storage}/content` (`content`, `vmid`: `{volid, format, size, ctime, content,
-  vmid?, used?}` sorted by volid), `POST /nodes/{node}/storage/{storage}/download-url` (task `download`, id
-  the file name: `url`, `content` iso|vztmpl|import, `filename`, `checksum` + `checksum-algorithm`,
+  vmid?, used?}` sorted by volid), `DELETE /nodes/{node}/storage/{storage}/content/{volume}` (task
+  `imgdel`: a volid, slashes and all, or a volname of `{storage}`; Datastore.Allocate), `POST
+  /nodes/{node}/storage/{storage}/download-url` (task `download`, id the file name: `url`, `content`
+  iso|vztmpl|import, `filename`, `checksum` + `checksum-algorithm`,
   `compression`, `verify-certificates`; fetched with urllib; a file already there with the right checksum
   is kept, "no need to download");
 - volumes: a data file per volume: dir storages under their `path` (images/<vmid>/vm-<vmid>-disk-<N>.<fmt>,
@@ -118,9 +121,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING or __package__:
-    from lab.pve import access
-else:  # a script (/usr/bin/pvesh's launcher, the tests): access.py lies beside it
+    from lab.pve import access, ha
+else:  # a script (/usr/bin/pvesh's launcher, the tests): access.py and ha.py lie beside it
     import access
+    import ha
 
 CONFIG_ENV = "PVEGPU_LAB_PVE_CONFIG"
 DEFAULT_CONFIG = "/etc/pvegpu-lab/pve.json"
@@ -135,6 +139,7 @@ Endpoints: /version, /access/permissions, /cluster/mapping/pci[/{id}], /storage[
 /nodes/{node}/qemu/{vmid}/resize,
 /nodes/{node}/qemu/{vmid}/agent/{network-get-interfaces|get-fsinfo|file-read|file-write|exec|exec-status},
 /nodes/{node}/storage/{storage}/{content|download-url},
+/nodes/{node}/storage/{storage}/content/{volume} (delete),
 /nodes/{node}/lxc[/{vmid}/config|/{vmid}/status/{current|start|stop}],
 /nodes/{node}/tasks, /nodes/{node}/tasks/{upid}/status, /nodes/{node}/tasks/{upid}/log
 """
@@ -306,6 +311,13 @@ def _is_cidr(value: str, version: int) -> bool:
     address, sep, prefix = value.partition("/")
     limit = 32 if version == 4 else 128
     return bool(sep) and prefix.isdigit() and 7 < int(prefix) <= limit and _is_ip(address, version)
+
+
+def verify_tag_list(value: str) -> None:
+    r"""pve-tag-list (pve-common JSONSchema.pm): each tag `(?i)[a-z0-9_][a-z0-9_\-+.]*`."""
+    for tag in re.split(r"[;,\s]+", value):
+        if tag and not re.fullmatch(r"[a-z0-9_][a-z0-9_\-+.]*", tag, re.IGNORECASE):
+            raise ValueError(f"invalid format - invalid tag '{tag}'")
 
 
 def verify_ipv4(value: str) -> None:
@@ -577,7 +589,7 @@ QEMU_KEYS: dict[str, P] = {
     "sshkeys": P(verify=verify_urlencoded),
     "sockets": P(type="integer", minimum=1),
     "tablet": BOOL,
-    "tags": P(),
+    "tags": P(verify=verify_tag_list),
     "template": BOOL,
     "vga": P(),
     "vmgenid": P(),
@@ -615,7 +627,7 @@ LXC_KEYS: dict[str, P] = {
     "searchdomain": P(),
     "startup": P(),
     "swap": P(type="integer", minimum=0),
-    "tags": P(),
+    "tags": P(verify=verify_tag_list),
     "template": BOOL,
     "timezone": P(),
     "tty": P(type="integer", minimum=0, maximum=6),
@@ -1597,6 +1609,36 @@ def format_size(size: int) -> str:
     return text
 
 
+def delete_volume(call: Call) -> Json:
+    """Content.pm `delete` (task `imgdel`, id `<owner>@<storage>`): `{volume}` is a volid (its storage must
+    be `{storage}`: `storage ID mismatch (a != b)`) or a volname on `{storage}`; Datastore.Allocate on the
+    storage (backups: not modelled); vdisk_free: a data file that is not there is a warning (Plugin.pm
+    free_image), the task still ends."""
+    storeid, volume = call.path_params["storage"], call.path_params["volume"]
+    if ":" in volume:
+        match = VOLUME_ID.fullmatch(volume)
+        if match is None:
+            raise ParamError({"volume": f"unable to parse volume ID '{volume}'"})
+        if match.group(1) != storeid:
+            raise ParamError({"volume": f"storage ID mismatch ({match.group(1)} != {storeid})"})
+        volid = volume
+    else:
+        volid = f"{storeid}:{volume}"
+    found = parse_volume(call.settings, volid)
+    call.rpcenv.check(call.rpcenv.user, f"/storage/{found.storage.id}", ("Datastore.Allocate",))
+    data = call.settings.path(found.file)
+
+    def worker(emit: Callable[[str], None]) -> None:
+        with locked(call.settings):
+            if not data.is_file():
+                emit(f"WARN: disk image '{found.file}' does not exist")
+            data.unlink(missing_ok=True)
+            emit(f"Removed volume '{volid}'")
+
+    owner = f"{found.vmid}@" if found.vmid is not None else ""
+    return run_task(call, "imgdel", f"{owner}{found.storage.id}", worker)
+
+
 def download_url(call: Call) -> Json:
     """Status.pm `download_url`: checks before the task, then Tools::download_file_from_url in the task
     `download` (worker id: the file name). The stand-in fetches with urllib instead of wget."""
@@ -2208,6 +2250,8 @@ def create_qemu(call: Call) -> Json:
     if "sshkeys" in call.params:
         validate_ssh_keys(call.params["sshkeys"])
     check_qemu_create_perms(call, vmid, _config_keys(call.params))
+    if "tags" in call.params:
+        assert_tag_permissions(call, vmid, None, call.params["tags"])
     check_drives(settings, _config_keys(call.params))
     with locked(settings):
         for kind, folder in (("VM", QEMU_DIR), ("CT", LXC_DIR)):
@@ -2229,6 +2273,8 @@ def create_qemu(call: Call) -> Json:
             path.unlink()
             raise DieError(f"unable to create VM {vmid} - {error.text}") from None
         _add_macs(vmid, conf)
+        if "tags" in conf:
+            conf["tags"] = unique_tags(conf["tags"])
         conf.setdefault("boot", _boot_order(conf))
         conf["meta"] = f"creation-qemu={settings.version},ctime={int(time.time())}"
         conf["smbios1"] = f"uuid={uuid.uuid4()}"
@@ -2239,8 +2285,18 @@ def create_qemu(call: Call) -> Json:
     return run_task(call, "qmcreate", vmid, worker)
 
 
+REPLICATION_CFG = "/etc/pve/replication.cfg"
+
+
+def replication_jobs(text: str) -> list[str]:
+    """The job ids of replication.cfg (pve-guest-common ReplicationConfig.pm, a SectionConfig: `local:
+    <guest>-<jobnum>` headers); the job's guest is its id's first part."""
+    return re.findall(r"^local:\s*(\d+-\d+)\s*$", text, re.MULTILINE)
+
+
 def destroy_qemu(call: Call) -> Json:
-    """API2/Qemu.pm destroy_vm (task `qmdestroy`): the VM must exist, be unprotected and stopped (checked
+    """API2/Qemu.pm destroy_vm (task `qmdestroy`): the VM must exist, be unprotected and stopped, and
+    without `purge` be no HA resource (resources.cfg) and in no replication job (replication.cfg; checked
     before the task and again in it); the task refuses a locked VM without `skiplock` (`VM is locked
     (<lock>)`: QemuServer::destroy_vm's check_lock), frees every volume its config (and pending section)
     names that it owns (not cdroms; its cloud-init drive is freed), with `destroy-unreferenced-disks` also
@@ -2254,6 +2310,16 @@ def destroy_qemu(call: Call) -> Json:
         conf = _load_guest(call, "qemu")
         if parse_boolean(conf.main.get("protection", "0")):
             raise DieError(f"can't remove VM {vmid} - protection mode enabled\n")
+        if not call.params.get("purge"):
+            if f"vm:{vmid}" in ha.parse_resources(_text_or_none(settings.path(ha.RESOURCES_CFG)) or ""):
+                raise DieError(
+                    f"unable to remove VM {vmid} - used in HA resources and purge parameter not set.\n"
+                )
+            for job in replication_jobs(_text_or_none(settings.path(REPLICATION_CFG)) or ""):
+                if job.split("-")[0] == vmid:
+                    raise DieError(
+                        f"There is a replication job '{job}' for guest '{vmid}' - Please remove that first.\n"
+                    )
         if _is_running(call):
             raise DieError(f"VM {vmid} is running - destroy failed\n")
         return conf
@@ -2342,6 +2408,11 @@ def update_qemu_config(call: Call) -> Json:  # noqa: PLR0912, PLR0915
         if "lock" in conf.main and not call.params.get("skiplock"):
             raise DieError(f"VM is locked ({conf.main['lock']})\n")
         check_qemu_device_perms(call, vmid, conf, changes, deletes)
+        if "tags" in changes or "tags" in deletes:
+            old_tags = conf.pending.get("tags", conf.main.get("tags"))
+            assert_tag_permissions(call, vmid, old_tags, changes.get("tags"))
+            if "tags" in changes:
+                changes["tags"] = unique_tags(changes["tags"])
         log_api_write(call, "PUT", f"/nodes/{call.path_params['node']}/qemu/{vmid}/config", changes, deletes)
         shown = {**changes, **({"delete": ",".join(deletes)} if deletes else {})}
         shown.update({"cipassword": "<hidden>"} if "cipassword" in shown else {})
@@ -2883,6 +2954,10 @@ def update_lxc_config(call: Call) -> Json:
         unprivileged = bool(parse_boolean(conf.main.get("unprivileged", "0")))
         check_ct_modify_config_perm(call, call.path_params["vmid"], {}, deletes, unprivileged)
         check_ct_modify_config_perm(call, call.path_params["vmid"], changes, [], unprivileged)
+        if "tags" in changes or "tags" in deletes:
+            assert_tag_permissions(call, call.path_params["vmid"], conf.main.get("tags"), changes.get("tags"))
+            if "tags" in changes:
+                changes["tags"] = unique_tags(changes["tags"])
         where = f"/nodes/{call.path_params['node']}/lxc/{call.path_params['vmid']}/config"
         log_api_write(call, "PUT", where, changes, deletes)
         if "unprivileged" in changes:
@@ -2910,6 +2985,8 @@ def create_lxc(call: Call) -> Json:
     if "ostemplate" not in call.params:
         raise ParamError({"ostemplate": "property is missing and it is not optional"})
     check_lxc_create_perms(call, vmid, _config_keys(call.params))
+    if "tags" in call.params:
+        assert_tag_permissions(call, vmid, None, call.params["tags"])
     with locked(settings):
         for kind, folder in (("VM", QEMU_DIR), ("CT", LXC_DIR)):
             if settings.path(f"{folder}/{vmid}.conf").exists():
@@ -2938,6 +3015,8 @@ def create_lxc(call: Call) -> Json:
             raise DieError(f"unable to create CT {vmid} - {error.text}") from None
         conf["rootfs"] = f"{match.group(1)}:vm-{vmid}-disk-0,size={match.group(2)}G"
         conf.setdefault("unprivileged", "1")
+        if "tags" in conf:
+            conf["tags"] = unique_tags(conf["tags"])
         conf["arch"] = "amd64"
         conf["ostype"] = "debian"
         for key in [k for k in conf if re.fullmatch(r"net\d+", k)]:
@@ -3004,10 +3083,12 @@ def start_lxc(call: Call) -> Json:
     return run_task(call, "vzstart", vmid, worker)
 
 
-def stop_lxc(call: Call) -> Json:
-    """`vzstop` (§6.4): `CT <vmid> not running` before the fork."""
+def stop_lxc(call: Call, task_type: str = "vzstop") -> Json:
+    """`vzstop` (§6.4), and pve-container API2/LXC/Status.pm `vm_shutdown` (`vzshutdown`): `CT <vmid> not
+    running` before the fork. The stand-in's container has no init to ask, so a shutdown ends it at once."""
     vmid = call.path_params["vmid"]
-    check_root_params(call, ("skiplock",))
+    if task_type == "vzstop":
+        check_root_params(call, ("skiplock",))
     _load_guest(call, "lxc")
     if not _lxc_running_path(call).is_file():
         raise DieError(f"CT {vmid} not running\n")
@@ -3016,7 +3097,90 @@ def stop_lxc(call: Call) -> Json:
         _hypervisor(call, {"action": "stop", "type": "lxc", "vmid": int(vmid)})
         _lxc_running_path(call).unlink(missing_ok=True)
 
-    return run_task(call, "vzstop", vmid, worker)
+    return run_task(call, task_type, vmid, worker)
+
+
+# --- endpoints: the node's guest lists and HA (what a reboot would stop) -------------------------------
+
+
+def _guest_ids(settings: Settings, folder: str) -> list[int]:
+    directory = settings.path(folder)
+    names = sorted(directory.glob("*.conf")) if directory.is_dir() else []
+    return [int(p.stem) for p in names if re.fullmatch(r"[1-9][0-9]{2,8}", p.stem)]
+
+
+def list_qemu(call: Call) -> Json:
+    """qemu-server API2/Qemu.pm `vmlist` (PVE::QemuServer::vmstatus without `full`): only the VMs the user
+    has VM.Audit on; `status` from the pidfile check (`qemu_running_pid`)."""
+    rpcenv, result = call.rpcenv, []
+    for vmid in _guest_ids(call.settings, QEMU_DIR):
+        if not rpcenv.check(rpcenv.user, f"/vms/{vmid}", ("VM.Audit",), noerr=True):
+            continue
+        values = parse_guest_config(
+            read_bytes(call.settings.path(f"{QEMU_DIR}/{vmid}.conf")), "[PENDING]"
+        ).main
+        pid = qemu_running_pid(call.settings, str(vmid))
+        memory = re.match(r"(?:current=)?(\d+)", values.get("memory", "512"))
+        entry: dict[str, Any] = {
+            "vmid": vmid,
+            "status": "running" if pid is not None else "stopped",
+            "name": values.get("name", f"VM {vmid}"),
+            "cpus": int(values.get("cores", "1")) * int(values.get("sockets", "1")),
+            "maxmem": int(memory.group(1) if memory else 512) * 1024 * 1024,
+            **_IDLE_COUNTERS,
+        }
+        if pid is not None:
+            entry["pid"] = pid
+        entry.update({key: values[key] for key in ("lock", "tags") if key in values})
+        result.append(entry)
+    return result
+
+
+def list_lxc(call: Call) -> Json:
+    """pve-container API2/LXC.pm `vmlist` (PVE::LXC::vmstatus): only the CTs the user has VM.Audit on;
+    `name` the hostname (`CT<vmid>` without one), `type` lxc."""
+    rpcenv, result = call.rpcenv, []
+    for vmid in _guest_ids(call.settings, LXC_DIR):
+        if not rpcenv.check(rpcenv.user, f"/vms/{vmid}", ("VM.Audit",), noerr=True):
+            continue
+        values = parse_guest_config(
+            read_bytes(call.settings.path(f"{LXC_DIR}/{vmid}.conf")), "[pve:pending]"
+        ).main
+        running = call.settings.path(f"/run/lxc/{vmid}.running").is_file()
+        entry: dict[str, Any] = {
+            "vmid": vmid,
+            "type": "lxc",
+            "status": "running" if running else "stopped",
+            "name": re.sub(r"\s", "", values.get("hostname", f"CT{vmid}")),
+            "cpus": int(values.get("cores", "1")),
+            "maxmem": int(values.get("memory", "512")) * 1024 * 1024,
+            "maxswap": int(values.get("swap", "0")) * 1024 * 1024,
+            "swap": 0,
+            **_IDLE_COUNTERS,
+            "maxdisk": 4 * 1024 * 1024 * 1024,  # vmstatus' default for a stopped CT without a rootfs size
+        }
+        entry.update({key: values[key] for key in ("lock", "tags") if key in values})
+        result.append(entry)
+    return result
+
+
+def _text_or_none(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
+
+
+def list_ha_resources(call: Call) -> Json:
+    return ha.resources_index(_text_or_none(call.settings.path(ha.RESOURCES_CFG)) or "")
+
+
+def get_ha_status(call: Call) -> Json:
+    settings = call.settings
+    guests = {vmid: settings.node for folder in (QEMU_DIR, LXC_DIR) for vmid in _guest_ids(settings, folder)}
+    return ha.status_current(
+        settings.node,
+        _text_or_none(settings.path(ha.RESOURCES_CFG)) or "",
+        _text_or_none(settings.path(ha.MANAGER_STATUS)),
+        guests,
+    )
 
 
 def _check_device(settings: Settings, value: str) -> None:
@@ -3108,6 +3272,69 @@ def check_vm_modify_config_perm(  # noqa: PLR0912 (one branch per option list, a
             rpcenv.check_vm_perm(user, vmid, ("VM.Config.Disk", "VM.PowerMgmt"))
         else:
             raise DieError(f"only root can set '{key}' config\n")
+
+
+# --- tags (pve-guest-common GuestHelpers.pm; datacenter.cfg `user-tag-access`, `registered-tags`) --------
+DATACENTER_CFG = "/etc/pve/datacenter.cfg"
+
+
+def split_tags(text: str | None) -> list[str]:
+    """PVE::Tools::split_list: a tag list split on `;`, `,`, spaces (and NUL)."""
+    return [tag for tag in re.split(r"[;,\s\0]+", text or "") if tag]
+
+
+def unique_tags(text: str) -> str:
+    """GuestHelpers.pm get_unique_tags with the default tag-style: lowercased, deduplicated, sorted, `;`."""
+    return ";".join(sorted({tag.lower() for tag in split_tags(text)}))
+
+
+def _datacenter(settings: Settings) -> dict[str, str]:
+    path = settings.path(DATACENTER_CFG)
+    text = path.read_text() if path.exists() else ""
+    found = (re.fullmatch(r"([a-z][a-z0-9-]*):\s*(.*?)\s*", line) for line in text.splitlines())
+    return {match.group(1): match.group(2) for match in found if match}
+
+
+def _guest_tags(settings: Settings, rpcenv: access.RpcEnv, privileged: bool) -> set[str]:
+    """get_allowed_tags' `existing` set: the tags of every guest the user may audit (all, privileged)."""
+    tags: set[str] = set()
+    for folder in (QEMU_DIR, LXC_DIR):
+        directory = settings.path(folder)
+        for conf in sorted(directory.glob("*.conf")) if directory.exists() else []:
+            if not privileged and not rpcenv.check_vm_perm(rpcenv.user, conf.stem, ("VM.Audit",), noerr=True):
+                continue
+            values = parse_guest_config(conf.read_bytes(), "[PENDING]").main
+            tags.update(split_tags(values.get("tags")))
+    return tags
+
+
+def assert_tag_permissions(call: Call, vmid: str, old: str | None, new: str | None) -> None:
+    """GuestHelpers.pm assert_tag_permissions: VM.Config.Options on the guest; each tag added or removed
+    must be allowed by datacenter `user-tag-access` (`user-allow` free (default) | existing | list | none,
+    `user-allow-list`) and not a `registered-tags` one, unless the user has Sys.Modify on `/`:
+    `Permission check failed (/, Sys.Modify for modifying tag '<tag>')`."""
+    rpcenv = call.rpcenv
+    if rpcenv.is_root:
+        return
+    rpcenv.check_vm_perm(rpcenv.user, vmid, ("VM.Config.Options",))
+    if rpcenv.check(rpcenv.user, "/", ("Sys.Modify",), noerr=True):
+        return
+    config = _datacenter(call.settings)
+    access_opts = dict(
+        part.split("=", 1) for part in config.get("user-tag-access", "").split(",") if "=" in part
+    )
+    user_allow = access_opts.get("user-allow", "free")
+    privileged_tags = set(split_tags(config.get("registered-tags")))
+    allowed = set(split_tags(access_opts.get("user-allow-list"))) if user_allow != "none" else set()
+    if user_allow in ("free", "existing"):
+        allowed |= _guest_tags(call.settings, rpcenv, privileged=False)
+    allowed -= privileged_tags
+    before, after = split_tags(old), split_tags(new)
+    for tag in sorted(set(before) | set(after)):
+        if before.count(tag) == after.count(tag):
+            continue
+        if (tag not in allowed and user_allow != "free") or tag in privileged_tags:
+            raise access.PermissionDenied(f"/, Sys.Modify for modifying tag '{tag}'")
 
 
 def check_hostpci_perm(rpcenv: access.RpcEnv, vmid: str, key: str, value: str) -> None:
@@ -3437,6 +3664,19 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
         ),
     ),
     ("delete", r"cluster/mapping/pci/(?P<id>[^/]+)", Endpoint("DELETE", {}, delete_mapping, True)),
+    ("get", r"nodes/(?P<node>[^/]+)/qemu", Endpoint("GET", {"full": BOOL}, list_qemu)),
+    ("get", r"nodes/(?P<node>[^/]+)/lxc", Endpoint("GET", {}, list_lxc)),
+    (
+        "get",
+        r"cluster/ha/resources",
+        Endpoint("GET", {"type": P(enum=("vm", "ct"))}, list_ha_resources),
+    ),
+    ("get", r"cluster/ha/status/current", Endpoint("GET", {}, get_ha_status)),
+    (
+        "delete",
+        r"nodes/(?P<node>[^/]+)/storage/(?P<storage>[^/]+)/content/(?P<volume>.+)",
+        Endpoint("DELETE", {"delay": P(type="integer", minimum=1, maximum=30)}, delete_volume),
+    ),
     (
         "create",
         r"nodes/(?P<node>[^/]+)/qemu",
@@ -3546,6 +3786,15 @@ ROUTES: list[tuple[str, str, Endpoint]] = [
         Endpoint("POST", {"skiplock": BOOL, "overrule-shutdown": BOOL}, stop_lxc),
     ),
     (
+        "create",
+        r"nodes/(?P<node>[^/]+)/lxc/(?P<vmid>[^/]+)/status/shutdown",
+        Endpoint(
+            "POST",
+            {"timeout": P(type="integer", minimum=0), "forceStop": BOOL},
+            lambda call: stop_lxc(call, "vzshutdown"),
+        ),
+    ),
+    (
         "set",
         r"nodes/(?P<node>[^/]+)/qemu/(?P<vmid>[^/]+)/resize",
         Endpoint(
@@ -3646,6 +3895,10 @@ PERMISSIONS: dict[tuple[str, str], access.Permissions] = {
     ("GET", "/cluster/mapping/pci/{id}"): access.Or(_MAPPING_ANY),
     ("PUT", "/cluster/mapping/pci/{id}"): access.Perm("/mapping/pci/{id}", ("Mapping.Modify",)),
     ("DELETE", "/cluster/mapping/pci/{id}"): access.Perm("/mapping/pci", ("Mapping.Modify",)),
+    ("GET", "/nodes/{node}/qemu"): access.ALL_USERS,  # filtered by VM.Audit inside
+    ("GET", "/nodes/{node}/lxc"): access.ALL_USERS,
+    ("GET", "/cluster/ha/resources"): access.Perm("/", ("Sys.Audit",)),
+    ("GET", "/cluster/ha/status/current"): access.Perm("/", ("Sys.Audit",)),
     ("POST", "/nodes/{node}/qemu"): access.ALL_USERS,
     ("DELETE", "/nodes/{node}/qemu/{vmid}"): access.Perm(_VMS, ("VM.Allocate",)),
     ("GET", "/nodes/{node}/qemu/{vmid}/config"): access.Perm(_VMS, ("VM.Audit",)),
@@ -3675,12 +3928,14 @@ PERMISSIONS: dict[tuple[str, str], access.Permissions] = {
     ("GET", "/nodes/{node}/lxc/{vmid}/status/current"): access.Perm(_VMS, ("VM.Audit",)),
     ("POST", "/nodes/{node}/lxc/{vmid}/status/start"): access.Perm(_VMS, ("VM.PowerMgmt",)),
     ("POST", "/nodes/{node}/lxc/{vmid}/status/stop"): access.Perm(_VMS, ("VM.PowerMgmt",)),
+    ("POST", "/nodes/{node}/lxc/{vmid}/status/shutdown"): access.Perm(_VMS, ("VM.PowerMgmt",)),
     ("GET", "/storage"): access.ALL_USERS,
     ("GET", "/storage/{storage}"): access.Perm("/storage/{storage}", ("Datastore.Allocate",)),
     ("PUT", "/storage/{storage}"): access.Perm("/storage", ("Datastore.Allocate",)),
     ("GET", "/nodes/{node}/storage/{storage}/content"): access.Perm(
         "/storage/{storage}", ("Datastore.Audit", "Datastore.AllocateSpace"), any=True
     ),
+    ("DELETE", "/nodes/{node}/storage/{storage}/content/{volume}"): access.ALL_USERS,  # checked inside
     ("POST", "/nodes/{node}/storage/{storage}/download-url"): access.And(
         (
             access.Perm("/storage/{storage}", ("Datastore.AllocateTemplate",)),
@@ -3702,6 +3957,7 @@ PATH_PARAMS: dict[str, P] = {
     "vmid": VMID_P,
     "id": P(optional=False, verify=verify_configid),
     "upid": P(optional=False),
+    "volume": P(optional=False),
 }
 
 
@@ -3716,7 +3972,7 @@ def find_route(cmd: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
 
 def route_template(pattern: str) -> str:
     """A route's path as Proxmox writes it: `/nodes/{node}/qemu/{vmid}/config`."""
-    return "/" + re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", pattern)
+    return "/" + re.sub(r"\(\?P<(\w+)>(?:\[\^/\]\+|\.\+)\)", r"{\1}", pattern)  # `.+`: a volid's slashes
 
 
 def endpoint_permissions(cmd: str, path: str) -> access.Permissions:

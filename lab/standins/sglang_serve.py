@@ -15,19 +15,27 @@ everything else needs `Authorization: Bearer <key>` (401 otherwise), as SGLang d
 it logs `server_args={...}` (keys included) at INFO through the logger `sglang.srt.entrypoints.engine`,
 with logging set up as `configure_logger` sets it (`SGLANG_LOGGING_CONFIG_PATH`'s dictConfig, else
 `--log-level`), and `GET /server_info` answers the values, both keys and `launch_command` (the merged argv)
-to whoever passes the `--api-key` check. With NCCL_DEBUG=INFO it
-logs the NCCL channel lines the real server would, with the transport the flags imply (SHM when
---enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor has something to read.
+to whoever passes the `--api-key` check. It serves along SGLang's path, where pvegpu's launcher reaches in:
+`main` (`sglang.cli.main:main`) calls `sglang.launch_server.run_server`, found at call time, which calls
+`sglang.srt.entrypoints.http_server.launch_server`; `/server_info` answers what that module's
+`redact_watermark_secrets` (found at each request) makes of the info, as SGLang's `server_info` does (the
+real one blanks watermark keys only; the stand-in has none, so it returns the info as it is).
+With NCCL_DEBUG=INFO it logs the NCCL channel lines the real server would, with the transport the flags
+imply (SHM when --enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor
+has something to read.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import logging.config
 import os
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -185,8 +193,11 @@ def server_info(values: dict[str, list[str]], merged: list[str]) -> dict[str, ob
 
 
 def make_handler(
-    values: dict[str, list[str]], api_key: str | None, info: dict[str, object] | None = None
+    values: dict[str, list[str]],
+    api_key: str | None,
+    info: Callable[[], dict[str, object]] | None = None,
 ) -> type[BaseHTTPRequestHandler]:
+    """The request handler; `info` gives `/server_info`'s answer at each request."""
     served = _one(values, "served_model_name", _one(values, "model_path", "model"))
     model_path = _one(values, "model_path", "")
 
@@ -218,7 +229,7 @@ def make_handler(
                 model = {"id": served, "object": "model", "owned_by": "sglang STAND-IN", "root": model_path}
                 self._send(200, {"object": "list", "data": [model]})
             elif self.path in ("/server_info", "/get_server_info"):
-                self._send(200, info or {})
+                self._send(200, {} if info is None else info())
             elif self.path == "/metrics" and "enable_metrics" in values:
                 self._send(200, "# pvegpu lab STAND-IN\nsglang_stand_in 1\n", "text/plain")
             else:
@@ -299,17 +310,53 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(model_path).is_dir():
         print(f"sglang serve: error: model path {model_path} is not a directory", file=sys.stderr)
         return 1
-    api_key = _one(values, "api_key", "") or None
+    server_args = ServerArgs(
+        values, merged, _one(values, "api_key", "") or None, _one(values, "admin_api_key", "") or None
+    )
+    importlib.import_module("sglang.launch_server").run_server(server_args)
+    return 0
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """What the stand-in's `run_server` gets: the values by dest, the merged argv and both keys, by the
+    names SGLang's `ServerArgs` gives them."""
+
+    values: dict[str, list[str]]
+    merged: list[str]
+    api_key: str | None
+    admin_api_key: str | None
+
+
+def run_server(server_args: ServerArgs) -> None:
+    """SGLang 0.5.23 `sglang.launch_server.run_server`, HTTP mode: `http_server.launch_server`."""
+    importlib.import_module("sglang.srt.entrypoints.http_server").launch_server(server_args)
+
+
+def redact_watermark_secrets(value: dict[str, object]) -> dict[str, object]:
+    """SGLang's blanking of the watermark keys in `/server_info`; the stand-in has no watermark."""
+    return value
+
+
+def launch_server(server_args: ServerArgs) -> None:
+    """SGLang's `http_server.launch_server`: logs `server_args=`, then serves."""
+    values = server_args.values
     host, port = _one(values, "host", "127.0.0.1"), int(_one(values, "port", "30000"))
-    info = server_info(values, merged)
+    info = server_info(values, server_args.merged)
     configure_logging(values)
     resolved = {name: value for name, value in info.items() if name not in ("launch_command", "version")}
     logging.getLogger("sglang.srt.entrypoints.engine").info(f"server_args={resolved}")
+    model_path = _one(values, "model_path", "")
     print(f"sglang STAND-IN (pvegpu lab): serving {model_path} on {host}:{port}", flush=True)
     log_nccl_channels(values)
-    server = _Server((host, port), make_handler(values, api_key, info))
+    http_server = importlib.import_module("sglang.srt.entrypoints.http_server")
+
+    def answer() -> dict[str, object]:  # SGLang's `server_info`: `redact_watermark_secrets({...})`
+        answered: dict[str, object] = http_server.redact_watermark_secrets(dict(info))
+        return answered
+
+    server = _Server((host, port), make_handler(values, server_args.api_key, answer))
     server.serve_forever()
-    return 0
 
 
 class _Server(ThreadingHTTPServer):

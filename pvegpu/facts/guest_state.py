@@ -10,7 +10,8 @@
     units     `systemctl show` of the requested units: `Id=`, `SubState=`, `UnitFileState=` blocks
     users     per requested user that exists: its passwd line, then `:<primary group name>`
     groups    per requested group that exists: its group line
-    venvs     per requested venv: `none\\t<venv>` (no interpreter) or `version <v>|none\\t<venv>` (sglang's)
+    venvs     per requested venv: `none\\t<venv>` (no interpreter) or `version <v>|none\\t<venv>` (sglang's),
+              checked in the background from the start of the command, as the probe is
     module    the NVIDIA version file (nothing: no module loaded)
     smi       nvidia-smi's GPU list, or its message (`pvegpu.facts.nvidia`)
     secrets   the `SecretFiles` lines of the requested key files (counts only, never content)
@@ -145,7 +146,7 @@ def state_command(request: StateRequest) -> str:
         'printf "%s\\t%s\\n" "$("$v/bin/python" -c "$s" 2>&1 | tail -n 1)" "$v"; '
         'else printf "none\\t%s\\n" "$v"; fi; done'
         if request.venvs
-        else "true"
+        else ""
     )
     parts = [
         f"{_open('os')}; cat /etc/os-release 2>/dev/null",
@@ -165,7 +166,7 @@ def state_command(request: StateRequest) -> str:
         f'{_open("groups")}; for g in {_words(request.groups)}; do getent group "$g"; done'
         if request.groups
         else f"{_open('groups')}",
-        f"{_open('venvs')}; {venvs}",
+        f"{_open('venvs')}; {_collected(_VENVS, venvs)}" if venvs else f"{_open('venvs')}",
         f"{_open('module')}; cat {shlex.quote(request.version_file)} 2>/dev/null",
         f"{_open('smi')}; {nvidia_smi_command()}",
         f"{_open('secrets')}; {secrets}",
@@ -190,6 +191,8 @@ def state_command(request: StateRequest) -> str:
         f"{_open('end')}",
     ]
     command = "; ".join(f"{{ {part}; }}" for part in parts)
+    if venvs:
+        command = f"{_started(_VENVS, venvs)}; {command}"
     if request.probe is None:
         return command
     probe = probe_command(request.probe).get_raw_value()
@@ -197,6 +200,23 @@ def state_command(request: StateRequest) -> str:
         "pvegpu_probe=$(mktemp 2>/dev/null) || pvegpu_probe=; "
         f'if [ -n "$pvegpu_probe" ]; then {{ {probe} > "$pvegpu_probe" 2>&1 || true; }} & fi; {command}'
     )
+
+
+# The venvs' version check starts a Python per venv (with its site-packages' .pth files: the longest part of
+# the read on a real SGLang venv), so it runs in the background from the start, its output kept in a temporary
+# file and printed in its place; inline, as before, when the shell cannot make the file.
+_VENVS = "pvegpu_venvs"
+
+
+def _started(var: str, command: str) -> str:
+    return (
+        f"{var}=$(mktemp 2>/dev/null) || {var}=; "
+        f'if [ -n "${var}" ]; then {{ {command}; }} > "${var}" 2>&1 & {var}_pid=$!; fi'
+    )
+
+
+def _collected(var: str, command: str) -> str:
+    return f'if [ -n "${var}" ]; then wait "${var}_pid"; cat "${var}"; rm -f "${var}"; else {command}; fi'
 
 
 def _probe_part() -> str:

@@ -29,7 +29,6 @@ read with that command's message, as its own fact did.
 from __future__ import annotations
 
 import base64
-import gzip
 import posixpath
 import re
 import shlex
@@ -41,10 +40,11 @@ from typing_extensions import override
 
 from pvegpu.facts.boot import KernelCmdline, parse_cmdline
 from pvegpu.facts.cpu import CpuAndKernel, parse_cpu_kernel
-from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.errors import FactParseError, fact_errors
 from pvegpu.facts.hardware import hardware_command, parse_hardware
 from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
 from pvegpu.facts.node_boot import node_boot_command, parse_node_boot
+from pvegpu.facts.parsing import PACK, unpacked
 from pvegpu.facts.pvegpu_boot import BootFiles
 from pvegpu.models.boot import BootLoaderInfo, CpuKernel
 from pvegpu.models.hardware import HostHardware
@@ -111,7 +111,7 @@ def node_read_command(request: NodeStateRequest) -> str:
     # `$(...)` keeps the listing's exit status (a pipe would give gzip's); its final newline is not needed.
     hardware = f"listing=$({hardware_command(request.sysfs_root)}\n) || exit $?\n"
     parts = {
-        "hardware": hardware + "printf '%s\\n' \"$listing\" | gzip -1 -n | base64 -w 0\necho",
+        "hardware": hardware + f"printf '%s\\n' \"$listing\" | {PACK}\necho",
         "cpu": CpuAndKernel().command(),
         "boot": node_boot_command(),
         "driver": HostDriverFiles().command(request.driver_files, request.driver_units),
@@ -168,7 +168,7 @@ def parse_node_state(lines: Sequence[str]) -> NodeState:
     parts = _split_parts(lines)
     hashes, fixed, dirs = _parse_sha256(parts["sha256"])
     return NodeState(
-        hardware=parse_hardware(_unpacked(parts["hardware"])),
+        hardware=parse_hardware(fact_errors(unpacked)(parts["hardware"], "node state hardware")),
         cpu_kernel=parse_cpu_kernel(parts["cpu"]),
         boot=(boot := parse_node_boot(parts["boot"]))[0],
         boot_files=boot[1],
@@ -203,17 +203,6 @@ def _split_parts(lines: Sequence[str]) -> dict[str, list[str]]:
         missing = printed[len(parts)]
         raise FactParseError(f"node state: truncated output, the {PART_MARKER}{missing} marker is missing")
     return parts
-
-
-def _unpacked(lines: Sequence[str]) -> list[str]:
-    """The hardware part's one line of base64 of gzip -> the listing's lines."""
-    text = [line for line in lines if line.strip()]
-    try:
-        if len(text) != 1:
-            raise ValueError(f"{len(text)} lines")
-        return gzip.decompress(base64.b64decode(text[0], validate=True)).decode().splitlines()
-    except (ValueError, OSError, EOFError) as error:  # binascii.Error, gzip's BadGzipFile and a cut stream
-        raise FactParseError(f"node state hardware: not one line of gzip in base64 ({error})") from None
 
 
 def _parse_sha256(lines: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:

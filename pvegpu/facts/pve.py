@@ -83,18 +83,12 @@ def connect(spec: PveApiSpec, data: Any, host_name: str | None = None) -> PveCli
     if not hostname:
         raise PveSetupError("pve.hostname: not set, and the host has no ssh_hostname")
     if spec.backend == "https":
-        from pvegpu.pve_https import connect_https  # noqa: PLC0415  (requests: imported only for https)
-
         assert spec.token_id is not None  # the model requires both for https
         assert spec.token_file is not None
         secret = read_token(spec.token_file)  # refused now, before any host is touched
         token_id, port = spec.token_id, spec.port or 8006
         token = FirstCall(
-            lambda: (
-                connect_https(
-                    hostname, token_id, secret, port=port, ca_file=spec.ca_file, fingerprint=spec.fingerprint
-                ).call
-            ),
+            lambda: _connect_https(hostname, token_id, secret, port, spec).call,
             token_id,
         )
         if not spec.root_ssh:
@@ -102,6 +96,15 @@ def connect(spec: PveApiSpec, data: Any, host_name: str | None = None) -> PveCli
         ssh_hostname = data.get("ssh_hostname") or host_name or hostname  # where pyinfra's SSH goes
         return PveClient(RootRouted(token, token_id, lambda: _ssh(spec, data, ssh_hostname, ssh_port=None)))
     return PveClient(_ssh(spec, data, hostname, ssh_port=spec.port))
+
+
+def _connect_https(hostname: str, token_id: str, secret: str, port: int, spec: PveApiSpec) -> PveClient:
+    # requests and proxmoxer are imported here, at the first call, not when the client is made
+    from pvegpu.pve_https import connect_https  # noqa: PLC0415
+
+    return connect_https(
+        hostname, token_id, secret, port=port, ca_file=spec.ca_file, fingerprint=spec.fingerprint
+    )
 
 
 @dataclass

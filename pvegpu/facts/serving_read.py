@@ -2,9 +2,11 @@
 host outside `pve_nodes` whose plan and state are both needed before its operations (a VM guest, a container,
 a bare-metal host): one round trip instead of the hardware's and then the state's.
 
-The output is the hardware listing (`hardware_parse.hardware_command`), a line `#pvegpu-serving:state`, then
-the state read's sections. A hardware listing that fails (a sysfs root that is not a directory) fails the
-whole read with its message, as `PciHardware` does; each half is parsed by its own pure parser.
+The output is ONE line (`parsing.PACK`: a VM guest's PCI attributes and package list are a thousand lines,
+which pyinfra reads one at a time) packing the hardware listing (`hardware_parse.hardware_command`), a line
+`#pvegpu-serving:state`, then the state read's sections. A hardware listing that fails (a sysfs root that
+is not a directory) fails the whole read with its message, as `PciHardware` does; each half is parsed by its
+own pure parser.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
-from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.errors import FactParseError, fact_errors
 from pvegpu.facts.guest_state import HostState, StateRequest, parse_state, state_command, targeted
 from pvegpu.facts.hardware import hardware_command, parse_hardware
+from pvegpu.facts.parsing import PACK, unpacked
 from pvegpu.models.hardware import HostHardware
 
 STATE_MARKER = "#pvegpu-serving:state"
@@ -34,10 +37,11 @@ class ServingState:
 
 def serving_read_command(sysfs_root: str, request: StateRequest) -> str:
     """The one POSIX-sh command: the hardware listing (its failure exits with its status), the marker, the
-    state read."""
-    return f"( {hardware_command(sysfs_root)}\n) || exit $?\necho {shlex.quote(STATE_MARKER)}\n" + (
+    state read, packed. `$(...)` keeps the listing's exit status (a pipe would give gzip's)."""
+    read = f"( {hardware_command(sysfs_root)}\n) || exit $?\necho {shlex.quote(STATE_MARKER)}\n" + (
         state_command(request)
     )
+    return f"pvegpu_read=$(\n{read}\n) || exit $?\nprintf '%s\\n' \"$pvegpu_read\" | {PACK}\necho"
 
 
 def parse_serving_read(lines: Sequence[str]) -> ServingState:
@@ -63,5 +67,5 @@ class ServingRead(FactBase[ServingState]):
 
     @override
     def process(self, output: list[str]) -> ServingState:
-        read = parse_serving_read(output)
+        read = parse_serving_read(fact_errors(unpacked)(output, "serving read"))
         return ServingState(read.hardware, targeted(read.state, self.request))

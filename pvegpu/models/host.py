@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from pvegpu.models.fields import shown
 from pvegpu.models.kernel_params import list_problems, refusal
@@ -81,8 +81,25 @@ class HostSpec(BaseModel):
             "a parameter twice with different values, and a line longer than the kernel's 2048 bytes."
         ),
     )
+    allow_reboot_with_foreign_guests: StrictBool = Field(
+        default=False,
+        description=(
+            "Let a reboot pvegpu triggers go ahead while guests that are not pvegpu's (not the inventory's "
+            "`vm.vmid` / `lxc.vmid`) run on the node or HA resources wanting `started` are placed on it: "
+            "the reboot stops them. False: such a reboot is refused, naming each guest (vmid, name, type) "
+            "and HA resource, before any host is changed. Needs `allow_reboot`."
+        ),
+    )
     reboot_timeout_s: StrictInt = Field(
         default=600,
         ge=30,
         description="Seconds to wait for the host to come back with the new boot state after a reboot.",
     )
+
+    @model_validator(mode="after")
+    def _foreign_needs_reboot(self) -> HostSpec:
+        if self.allow_reboot_with_foreign_guests and not self.allow_reboot:
+            raise ValueError(
+                "allow_reboot_with_foreign_guests needs allow_reboot: true (no reboot without it)"
+            )
+        return self

@@ -30,6 +30,7 @@ from pvegpu.models.fields import AbsolutePath, PciId, shown
 from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.host_keys import host_key_warnings
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
+from pvegpu.models.mapping import MAPPING_KEY, MappingSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.root_only_features import root_only_problems
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
@@ -124,6 +125,7 @@ ROLE_SPECS: dict[str, type[BaseModel]] = {
     BENCH_KEY: BenchSpec,
     PVE_KEY: PveApiSpec,
     LXC_KEY: LxcSpec,
+    MAPPING_KEY: MappingSpec,
 }
 
 # How alike (difflib ratio) a host data key and a role key must be to be taken for a misspelling of it:

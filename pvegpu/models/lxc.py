@@ -65,6 +65,14 @@ class LxcSpec(BaseModel):
         default=44, ge=0, description="Group id the GPU device nodes get inside the container (`video`: 44)."
     )
     onboot: StrictBool = Field(default=True, description="Start the container when the node boots.")
+    adopt: StrictBool = Field(
+        default=False,
+        description=(
+            "Take over a container at `vmid` that lacks pvegpu's mark (the `pvegpu` tag and the line "
+            "`pvegpu-owner: <pve.owner>` in its description): the run writes the mark, later runs need no "
+            "switch. Without it such a container is refused (and never stopped), left as it is."
+        ),
+    )
     ssh_public_keys: tuple[Annotated[str, matching(_PUBLIC_KEY, "an OpenSSH public key line")], ...] = Field(
         default=(),
         description=(

@@ -240,6 +240,17 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class StorageVolume:
+    """One volume of a storage's content listing (`GET /nodes/{node}/storage/{storage}/content`): its
+    `volid`, the guest that owns it (`vmid`, None for none) and its creation time (`ctime`, Unix seconds of
+    the node's clock; None where the storage plugin reports none)."""
+
+    volid: str
+    vmid: int | None
+    ctime: int | None
+
+
+@dataclass(frozen=True)
 class GuestInterface:
     """An interface the QEMU guest agent reports: name, MAC and IPv4 addresses (`address/prefix`)."""
 

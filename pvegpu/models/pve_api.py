@@ -94,6 +94,14 @@ class PveApiSpec(BaseModel):
             "node); None: a standalone node."
         ),
     )
+    owner: Annotated[str, matching(_CLUSTER, "an owner id (letters, digits, - and _)")] | None = Field(
+        default=None,
+        description=(
+            "Id of this inventory in pvegpu's mark on what it creates (`pvegpu-owner: <id>` in a guest's and "
+            "a mapping's description, with the guest tag `pvegpu`); None: `cluster`, else `node.name`. Two "
+            "inventories that manage one cluster need different ids."
+        ),
+    )
     task_timeout_s: StrictInt = Field(
         default=300, ge=1, description="How long to wait for a Proxmox task (VM create/start) to finish."
     )

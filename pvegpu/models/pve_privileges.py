@@ -57,7 +57,8 @@ PVE_PRIVILEGES: tuple[PvePrivilege, ...] = (
     PvePrivilege(
         "Datastore.Allocate",
         "/storage/{storage}",
-        "read a storage's config and enable the snippets and import content types on it",
+        "read a storage's config, enable the snippets and import content types on it, free the volumes of "
+        "pvegpu's own dead create",
     ),
     PvePrivilege(
         "Datastore.AllocateSpace", "/storage/{storage}", "allocate the guests' disks and cloud-init drives"

@@ -212,7 +212,8 @@ class SglangSpec(BaseModel):
         description=(
             "Absolute path, on the serving host, of the key for SGLang's admin endpoints "
             "(`--admin-api-key`), with the same file rules and path to SGLang as `api_key_file`, which it "
-            "needs (SGLang's `/server_info` shows this key to every holder of the API key); "
+            "needs (SGLang's `/server_info` shows both keys to every holder of the API key; pvegpu's service "
+            "blanks them there); "
             "None: admin endpoints are off."
         ),
     )

@@ -14,6 +14,7 @@ from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.inventory import NODE_KEY, HostDataLike, NodeSpec, spec_of
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
+from pvegpu.models.mapping import MAPPING_KEY, MappingSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.vm import VM_KEY, VmSpec
@@ -31,6 +32,7 @@ class HostSpecs:
     driver: DriverSpec
     sglang: SglangSpec
     bench: BenchSpec
+    mapping: MappingSpec
 
 
 def host_specs(data: HostDataLike) -> HostSpecs:
@@ -45,4 +47,5 @@ def host_specs(data: HostDataLike) -> HostSpecs:
         driver=spec_of(data, DRIVER_KEY, DriverSpec),
         sglang=spec_of(data, SGLANG_KEY, SglangSpec),
         bench=spec_of(data, BENCH_KEY, BenchSpec),
+        mapping=spec_of(data, MAPPING_KEY, MappingSpec),
     )

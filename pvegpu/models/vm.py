@@ -259,6 +259,14 @@ class VmSpec(BaseModel):
     disk: DiskSpec = Field(default_factory=DiskSpec, description="System disk.")
     net: NetSpec = Field(default_factory=NetSpec, description="Network device.")
     onboot: StrictBool = Field(default=True, description="Start the VM when the node boots (`onboot`).")
+    adopt: StrictBool = Field(
+        default=False,
+        description=(
+            "Take over a VM at `vmid` that lacks pvegpu's mark (the `pvegpu` tag and the line "
+            "`pvegpu-owner: <pve.owner>` in its description), e.g. your own VM to convert to Q35: the run "
+            "writes the mark, later runs need no switch. Without it such a VM is refused, left as it is."
+        ),
+    )
     mapping_prefix: Annotated[
         str, matching(_MAPPING_PREFIX, "a mapping id prefix (a letter, then a-z 0-9 _ -)")
     ] = Field(

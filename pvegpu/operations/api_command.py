@@ -27,7 +27,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from pvegpu.pve import PveError
+from pvegpu.pve import PveConnectionError, PveError
+from pvegpu.run_progress import note_api_cut
 
 _P = ParamSpec("_P")
 _C = TypeVar("_C", bound=PyinfraCommand)
@@ -44,6 +45,8 @@ def api_command(function: Callable[..., None], *args: object) -> FunctionCommand
                 function(*args)
         except OperationError as error:
             host.log_styled(str(error), fg="red", log_func=logger.error)
+            if _connection_lost(error):
+                note_api_cut(host)
             return False
         return True
 
@@ -74,12 +77,26 @@ def _fail(message: str) -> None:
 
 
 def attempt(write: Callable[[], object]) -> PveError | None:
-    """Run `write`; its PveError, None when it answered without one (which proves nothing yet)."""
+    """Run `write`; its PveError, None when it answered without one (which proves nothing yet). A lost
+    connection is noted for the host pyinfra runs it on (`note_api_cut`)."""
     try:
         write()
     except PveError as error:
+        if isinstance(error, PveConnectionError) and ctx_host.isset():  # type: ignore[no-untyped-call]
+            note_api_cut(ctx_host.get())  # type: ignore[no-untyped-call]
         return error
     return None
+
+
+def _connection_lost(error: BaseException) -> bool:
+    """Whether `error` was raised while handling a PveConnectionError (`raise ... from None` keeps it as the
+    context, only hidden)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, PveConnectionError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def what_came_back(failure: PveError | None, endpoint: str) -> str:

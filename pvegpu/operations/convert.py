@@ -22,7 +22,16 @@ from pyinfra.context import host
 
 from pvegpu.models.guest_boot import GuestBoot, GuestFilesystem
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
-from pvegpu.operations.pve_guest import VM, Guest, locked, wait_status
+from pvegpu.operations.pve_guest import (
+    VM,
+    ConfigChange,
+    Guest,
+    Ownership,
+    locked,
+    mark_to_write,
+    wait_status,
+    with_mark,
+)
 from pvegpu.plan.convert import (
     OS_RELEASE,
     Conversion,
@@ -50,10 +59,12 @@ def q35_conversion(
     create: Mapping[str, str],
     prefix: str,
     timeout_s: float,
+    ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand | StringCommand, None, None]:
     """Convert VM `vmid` on `node` to Q35/OVMF with `config`/`create` (plan/vm.py) when it is not, and its
     guest shows it can boot that way; else raise OperationError with the steps to take. Noop when the VM
-    does not exist (q35_vm creates it) or is Q35/OVMF already."""
+    does not exist (q35_vm creates it) or is Q35/OVMF already. With `ownership`, a VM without pvegpu's mark
+    is refused (one line naming `vm.adopt`) unless adopted; adopted, the conversion's PUT writes the mark."""
     guest = Guest(VM, api, node, vmid)
     current = guest.read_config(refuse_locked=False)
     if current is None:
@@ -62,6 +73,8 @@ def q35_conversion(
     if left_by_a_create(current.values):  # not an installed VM: q35_vm makes it again or reports it
         host.noop(f"VM {vmid} on {node} was never completely created: nothing to convert")
         return
+    if ownership is not None:
+        mark_to_write(guest, current.values, ownership)  # refused unless it is pvegpu's or adopted
     if "lock" in current.values:
         raise OperationError(locked(guest, str(current.values["lock"])))
     legacy = legacy_firmware(current.values)
@@ -69,11 +82,14 @@ def q35_conversion(
         host.noop(f"VM {vmid} on {node} is Q35/OVMF: nothing to convert")
         return
 
-    def diff(values: Mapping[str, object]) -> VmChange:
+    def q35_diff(values: Mapping[str, object]) -> ConfigChange:
         try:
-            return diff_vm(config, create, values, prefix, converting=True)
+            change: VmChange = diff_vm(config, create, values, prefix, converting=True)
         except HostPciError as error:
             raise OperationError(f"VM {vmid}: {error}") from None
+        return change
+
+    diff = q35_diff if ownership is None else with_mark(q35_diff, ownership)
 
     change = diff(current.values)
     running = guest.read_status() == "running"
@@ -163,7 +179,7 @@ def _shut_down(guest: Guest, timeout_s: float) -> None:
     wait_status(guest, "stopped", timeout_s, "the shutdown task ended OK, but it runs")
 
 
-def _set_q35(guest: Guest, plan: Conversion, diff: Callable[[Mapping[str, object]], VmChange]) -> None:
+def _set_q35(guest: Guest, plan: Conversion, diff: Callable[[Mapping[str, object]], ConfigChange]) -> None:
     """PUT the Q35/OVMF keys with the digest the plan was made from, then read back. A VM left unconverted is
     stopped: the message says to start it (a stopped VM's guest cannot be checked), then to run again."""
     restart = f"it is stopped: start it (`qm start {guest.vmid}`), then run again"

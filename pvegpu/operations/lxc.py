@@ -9,17 +9,18 @@ Reads happen while preparing, writes are function commands (API) or shell comman
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Generator, Mapping, Sequence
 
 from pyinfra import logger
-from pyinfra.api.command import FunctionCommand, QuoteString, StringCommand
+from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.create_records import CreateLedger
-from pvegpu.operations.pve_guest import CT, Guest, converge
-from pvegpu.plan.lxc import diff_container, raw_of, version_drift
+from pvegpu.operations.pve_guest import CT, Guest, Ownership, converge
+from pvegpu.plan.lxc import diff_container, raw_line_problem, raw_of, version_drift
 from pvegpu.pve import PveClient
 
 LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
@@ -35,10 +36,12 @@ def lxc_container(
     create: Mapping[str, str],
     timeout_s: float,
     ledger: CreateLedger | None = None,
+    ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
     """Create container `vmid` with `config` + `create` when absent, else PUT the keys that differ and
     delete the `devN` entries not in `config` (with the read's digest). `ledger`: pvegpu's records of its
-    creates (`converge`)."""
+    creates (`converge`). `ownership`: pvegpu's mark (created with it; an existing container without it
+    refused unless `lxc.adopt`)."""
     devices = sum(1 for key in config if key.startswith("dev"))
     yield from converge(
         Guest(CT, api, node, vmid),
@@ -47,6 +50,7 @@ def lxc_container(
         unchanged=f"CT {vmid} on {node} has its config: {devices} device entries",
         timeout_s=timeout_s,
         ledger=ledger,
+        ownership=ownership,
     )
 
 
@@ -54,9 +58,22 @@ def lxc_container(
 def lxc_raw_lines(
     *, api: PveClient, node: str, vmid: int, wanted: Sequence[tuple[str, str]], replace: str
 ) -> Generator[StringCommand, None, None]:
-    """Append each `wanted` raw line the container's config lacks (the API's `lxc` list) to its config file;
-    first delete the lines that start with `replace` and are not wanted (pvegpu's /dev/shm line of another
-    size). A container not created yet has none. Noop when all are there."""
+    """Give the container's config file each `wanted` raw line its main section lacks (the API's `lxc`
+    list), and drop the main section's lines that start with `replace` and are not wanted (pvegpu's
+    /dev/shm line of another size). A container not created yet has none. Noop when all are there.
+
+    The edit (`raw_lines_command`) runs on the node under pve-container's own lock and decides again from
+    the file it locked: lines go at the end of the main section (before `[pve:pending]` or a snapshot's
+    `[name]`, where pve-container writes raw lines); pending and snapshot sections are kept byte for byte.
+    Refused before anything is written (OperationError): a line `raw_line_problem` refuses, or a
+    `replace` with a control character.
+    """
+    for key, value in wanted:
+        problem = raw_line_problem(key, value)
+        if problem is not None:
+            raise OperationError(f"CT {vmid}: {problem}")
+    if not replace or any(ord(c) < 0x20 or ord(c) == 0x7F for c in replace):
+        raise OperationError(f"CT {vmid}: raw lxc prefix {replace!r} is empty or has a control character")
     config = Guest(CT, api, node, vmid).config_or_none()
     current = () if config is None else raw_of(config.values)
     path = LXC_CONF.format(vmid=int(vmid))
@@ -65,10 +82,76 @@ def lxc_raw_lines(
     if not stale and not missing:
         host.noop(f"{path} has its {len(wanted)} raw lxc lines")
         return
-    if stale:
-        yield StringCommand("sed", "-i", QuoteString(f"\\|^{replace}|d"), QuoteString(path))
-    for line in missing:
-        yield StringCommand("printf", "'%s\\n'", QuoteString(line), ">>", QuoteString(path))
+    yield StringCommand(raw_lines_command(int(vmid), [f"{k}: {v}" for k, v in wanted], replace))
+
+
+# pve-container's lock: PVE::LXC::Config `config_file_lock` (/run/lock/lxc, made at load), taken by
+# AbstractConfig `lock_config` as PVE::Tools `lock_file_full` does: flock(LOCK_EX) on the file opened for
+# append, 10 s by default.
+LXC_LOCK_DIR = "/run/lock/lxc"
+LOCK_TIMEOUT_S = 10
+
+# The main section of a pve-container config ends at its first `[...]` line (`[pve:pending]`, `[snap]`).
+# Raw lines compare as pve-container parses them (`key: value` or `key = value`, blanks trimmed). Lines not
+# wanted that start with PVEGPU_DROP go; wanted lines missing go after the main section's last line (its
+# blank lines stay before the next section, as write_pct_config puts one there). `lock:` in the main
+# section (a snapshot or backup in progress) refuses, as the API's check_lock does.
+_RAW_AWK = r"""
+function norm(line,   key, rest) {
+  if (!match(line, /^lxc\.[a-z0-9_.-]+/)) return ""
+  key = substr(line, 1, RLENGTH); rest = substr(line, RLENGTH + 1)
+  if (rest !~ /^(:|[ 	]*=)/) return ""
+  sub(/^(:|[ 	]*=)[ 	]*/, "", rest); sub(/[ 	]+$/, "", rest)
+  return key ": " rest
+}
+function flush(   i) {
+  for (i = 1; i <= n; i++) if (!(add[i] in seen)) print add[i]
+  for (i = 1; i <= held; i++) print hold[i]
+  held = 0; main = 0
+}
+BEGIN {
+  n = split(ENVIRON["PVEGPU_ADD"], add, "	")
+  for (i = 1; i <= n; i++) want[add[i]] = 1
+  drop = ENVIRON["PVEGPU_DROP"]; main = 1
+}
+main && /^\[/ { flush() }
+!main { print; next }
+/^[ 	]*$/ { hold[++held] = $0; next }
+{ for (i = 1; i <= held; i++) print hold[i]; held = 0 }
+/^lock:/ { locked = $0; sub(/^lock:[ 	]*/, "", locked) }
+{ line = norm($0) }
+line != "" && drop != "" && index(line, drop) == 1 && !(line in want) { next }
+line != "" { seen[line] = 1 }
+{ print }
+END {
+  if (main) flush()
+  if (locked != "") {
+    printf "CT %s is locked (%s): raw lxc lines not written\n", ENVIRON["PVEGPU_CT"], locked > "/dev/stderr"
+    exit 1
+  }
+}
+"""
+
+
+def raw_lines_command(vmid: int, wanted: Sequence[str], drop: str) -> str:
+    """The node's shell edit of `/etc/pve/lxc/<vmid>.conf` (lxc_raw_lines): `wanted` whole lines
+    (`key: value`, checked: no control character), `drop` the prefix of pvegpu's lines to replace. Under
+    the CT's config lock, the file is rewritten through a temporary file in its own directory and renamed
+    over it (as PVE::Tools file_set_contents does), only when the edit changes it. Fails in one line: the
+    lock not had in 10 s, no such config, the CT locked."""
+    path = LXC_CONF.format(vmid=vmid)
+    lock = f"{LXC_LOCK_DIR}/pve-config-{vmid}.lock"
+    env = f"PVEGPU_CT={vmid} PVEGPU_ADD={shlex.quote(chr(9).join(wanted))} PVEGPU_DROP={shlex.quote(drop)}"
+    lines = [
+        f"mkdir -p {LXC_LOCK_DIR} && (",
+        f"flock -w {LOCK_TIMEOUT_S} 9 || {{ echo \"can't lock file '{lock}' - got timeout\" >&2; exit 1; }}",
+        f'f={shlex.quote(path)}; t="$f.tmp.$$"',
+        f'[ -f "$f" ] || {{ echo "CT {vmid}: $f does not exist: raw lxc lines not written" >&2; exit 1; }}',
+        f'{env} awk {shlex.quote(_RAW_AWK.strip())} "$f" > "$t" || {{ rm -f "$t"; exit 1; }}',
+        'if cmp -s "$f" "$t"; then rm -f "$t"; else mv -f "$t" "$f"; fi',
+        f") 9>>{lock}",
+    ]
+    return "\n".join(lines)
 
 
 @operation()

@@ -18,6 +18,10 @@ what the write answered: the planned map -> done (a write that failed after Prox
 absent / unchanged -> `not created` / `not updated, nothing overwritten`, with the write's endpoint and
 answer; anything else -> what it holds and what was sent; a failed read-back -> the outcome is unknown.
 A failed read names the endpoint and what came back (`PveError.line`); nothing is written after it.
+
+Ownership (with `owner`, pvegpu/plan/ownership.py): a mapping pvegpu creates carries `pvegpu-owner: <owner>`
+in its description; an existing `<prefix>N` without it is refused before anything is written (one line
+naming it and `mapping.adopt`), or, with `adopt`, updated with the mark (its description text kept).
 """
 
 from __future__ import annotations
@@ -34,23 +38,34 @@ from pyinfra.context import host
 from pvegpu.models.pve import MapEntry, MapEntryError, MappingState, PciMapping, Severity, parse_map_entry
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.plan.mapping import Action, MappingChange, diff_mappings, managed_index
+from pvegpu.plan.ownership import refusal
 from pvegpu.pve import PveClient, PveError
 
 
 @operation()
 @one_line_errors
 def pci_mappings(
-    *, api: PveClient, desired: Sequence[PciMapping], node: str, prefix: str, cluster: Collection[str]
+    *,
+    api: PveClient,
+    desired: Sequence[PciMapping],
+    node: str,
+    prefix: str,
+    cluster: Collection[str],
+    owner: str | None = None,
+    adopt: bool = False,
 ) -> Generator[FunctionCommand, None, None]:
     """Converge the mappings Proxmox holds to `desired` (from `plan_mappings` over the nodes `cluster`),
-    checked on `node`; map lines of other nodes are kept."""
+    checked on `node`; map lines of other nodes are kept. `owner` / `adopt`: pvegpu's mark (module)."""
     try:
         states = api.mappings(check_node=node)
     except PveError as error:
         raise OperationError(f"PCI mappings not read: {error.line}; nothing written") from None
     for state in states:
         _log_checks(state, node, prefix)
-    changes = diff_mappings(desired, [state.mapping for state in states], prefix, cluster=cluster)
+    changes = diff_mappings(
+        desired, [state.mapping for state in states], prefix, cluster=cluster, owner=owner
+    )
+    refuse_foreign(changes, node, adopt)
     by_id = {mapping.id: mapping for mapping in desired}
     pending = [change for change in changes if change.action is not Action.UNCHANGED]
     # All of it is logged before the first command: change detection (--dry) stops at the first one.
@@ -61,6 +76,8 @@ def pci_mappings(
             logger.info(f"{host.print_prefix}{line}")
     for change in pending:
         whole = replace(by_id[change.id], map=change.map)
+        if change.description is not None:
+            whole = replace(whole, description=change.description)
         if change.action is Action.CREATE:
             yield api_command(_create, api, whole)
         else:
@@ -75,6 +92,27 @@ def pci_mappings(
             )
         ids = ", ".join(change.id for change in changes)
         host.noop(f"PCI mappings {ids} match the live GPUs and pass Proxmox's check on {node}")
+
+
+def refuse_foreign(changes: Sequence[MappingChange], node: str, adopt: bool) -> None:
+    """OperationError, one line naming the first mapping that exists without pvegpu's mark and
+    `mapping.adopt`, unless `adopt`; roles call it while preparing too (nothing written before it)."""
+    for change in changes:
+        if change.mark is not None and not change.mark.ours and not adopt:
+            raise OperationError(refusal(f"mapping {change.id}", node, change.mark, "mapping.adopt"))
+
+
+def foreign_mappings(
+    api: PveClient, desired: Sequence[PciMapping], node: str, prefix: str, *, owner: str, adopt: bool
+) -> None:
+    """`refuse_foreign` over the mappings Proxmox holds now (while preparing); a failed read passes: the
+    operation reports it."""
+    try:
+        held = [state.mapping for state in api.mappings(check_node=node)]
+    except PveError:
+        return
+    wanted = [mapping for mapping in desired if managed_index(prefix, mapping.id) is not None]
+    refuse_foreign(diff_mappings(wanted, held, prefix, cluster=(), owner=owner), node, adopt)
 
 
 def describe(change: MappingChange) -> list[str]:
@@ -92,6 +130,8 @@ def describe(change: MappingChange) -> list[str]:
             lines.append(f"{change.id} {node}: {_where(before)} -> {_where(entry)}")
     unreadable = [text for text in change.current if _parsed(text) is None]
     lines.extend(f"{change.id}: replace unreadable entry {text!r}" for text in unreadable)
+    if change.mark is not None and not change.mark.ours:
+        lines.append(f"{change.id}: adopted (mapping.adopt): description {change.description!r}")
     return lines or [f"{change.id}: rewrite {len(change.map)} map entries"]
 
 
@@ -137,7 +177,7 @@ def _create(api: PveClient, mapping: PciMapping) -> None:
     endpoint = "POST /cluster/mapping/pci"
     failure = attempt(lambda: api.create_mapping(mapping))
     now = _read_back(api, mapping, failure, endpoint, "created")
-    if now is not None and now.mapping.map == mapping.map:
+    if now is not None and now.mapping.map == mapping.map and _marked(now, mapping):
         _accepted(mapping.id, failure)
         return
     said = what_came_back(failure, endpoint)
@@ -160,7 +200,7 @@ def _update(api: PveClient, mapping: PciMapping, seen: tuple[str, ...]) -> None:
     endpoint = f"PUT /cluster/mapping/pci/{mapping.id}"
     failure = attempt(lambda: api.update_mapping(mapping, now.digest))
     after = _read_back(api, mapping, failure, endpoint, "updated")
-    if after is not None and after.mapping.map == mapping.map:
+    if after is not None and after.mapping.map == mapping.map and _marked(after, mapping):
         _accepted(mapping.id, failure)
         return
     said = what_came_back(failure, endpoint)
@@ -168,6 +208,11 @@ def _update(api: PveClient, mapping: PciMapping, seen: tuple[str, ...]) -> None:
         unchanged = "" if failure else ", but reading it back shows it unchanged"
         raise OperationError(f"mapping {mapping.id} not updated, nothing overwritten: {said}{unchanged}")
     raise OperationError(_not_ours(mapping, after, said))
+
+
+def _marked(state: MappingState, mapping: PciMapping) -> bool:
+    """Whether `state` holds the description pvegpu sent (any, when it sent none)."""
+    return mapping.description is None or state.mapping.description == mapping.description
 
 
 def _read_back(

@@ -1,5 +1,11 @@
 """`reboot_if_pending`: reboot only when the running kernel lacks the boot state pvegpu wrote, and only when
-the inventory allows it; then wait until the host is back with that state (verified), or fail."""
+the inventory allows it; then wait until the host is back with that state (verified), or fail.
+
+Not while what is not pvegpu's runs on the node (pvegpu/plan/reboot.py `foreign_refusal`), unless
+`pve_host.allow_reboot_with_foreign_guests`: `refuse_foreign_reboot` checks it while the role collects its
+operations, before any host is changed (pyinfra's `-y` runs operation bodies only when it executes), and
+the operation checks again right before it reboots. The guest list (`NodeGuestList`) is read only when a
+reboot is pending and allowed: a no-op run never reads it."""
 
 from __future__ import annotations
 
@@ -15,10 +21,18 @@ from pyinfra.context import host
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.node_guests import NodeGuestList
 from pvegpu.models.hardware import HostHardware
 from pvegpu.node_state import running_cmdline
-from pvegpu.operations.api_command import api_command
-from pvegpu.plan.reboot import pending_message, pending_reasons
+from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.plan.reboot import (
+    FOREIGN_SWITCH,
+    foreign_refusal,
+    foreign_running,
+    foreign_summary,
+    pending_message,
+    pending_reasons,
+)
 from pvegpu.wait import WaitTimeoutError, wait_until
 
 # The reboot is detached so the SSH channel closes at once (as pyinfra's server.reboot does).
@@ -28,6 +42,7 @@ _INTERVAL_S = 2.0
 
 
 @operation(is_idempotent=False, idempotent_notice="Reboots the host whenever a reboot is pending.")
+@one_line_errors
 def reboot_if_pending(
     *,
     hardware: HostHardware,
@@ -39,6 +54,9 @@ def reboot_if_pending(
     timeout_s: float,
     sysfs_root: str = "/sys",
     cmdline_path: str = "/proc/cmdline",
+    node: str = "",
+    own_vmids: tuple[int, ...] = (),
+    allow_foreign: bool = False,
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Compare the running command line and GPU bindings with `tokens` / `functions` (all on vfio-pci, or
     with `vfio` False: none on vfio-pci); `retired` tokens (pvegpu removed them from the next boot) must be
@@ -47,7 +65,8 @@ def reboot_if_pending(
 
     Nothing pending: noop. Pending and not allowed: noop with the exact pending message, nothing changed.
     Pending and allowed: reboot, then poll (reconnecting) until nothing is pending, for up to `timeout_s`;
-    the operation fails with what is still pending after that.
+    the operation fails with what is still pending after that. `node` (the Proxmox node's name) given:
+    first the guard (`refuse_foreign_reboot`: `own_vmids` are pvegpu's guests, `allow_foreign` the switch).
     """
     running = running_cmdline(host, cmdline_path)
     reasons = pending_reasons(running, tokens, hardware, functions, retired, vfio=vfio)
@@ -65,6 +84,8 @@ def reboot_if_pending(
         logger.warning(f"{host.print_prefix}{message}")
         host.noop(message)
         return
+    if node:
+        refuse_foreign_reboot(host, node, own_vmids, allow_foreign)
     logger.info(f"{host.print_prefix}{pending_message(reasons)}: rebooting")
     yield StringCommand(REBOOT)
 
@@ -84,6 +105,38 @@ def reboot_if_pending(
     # An api_command: a host that does not come back as wanted fails in one line, with no traceback. It
     # runs with pyinfra's context host set to this host, which is what `host` resolves to then.
     yield api_command(wait_after_reboot, host, still_pending, timeout_s)
+
+
+def refuse_foreign_reboot(target: Host, node: str, own_vmids: tuple[int, ...], allow_foreign: bool) -> None:
+    """Before `target` (Proxmox node `node`) reboots: OperationError with `foreign_refusal`'s line while a
+    guest or HA resource that is not pvegpu's (`own_vmids`) would be stopped and `allow_foreign` is false;
+    with it, a warning naming them. Reads the node's guest list (one command)."""
+    listed = target.get_fact(NodeGuestList, node=node)
+    refusal = foreign_refusal(listed, node, own_vmids, allow_foreign)
+    if refusal is not None:
+        raise OperationError(refusal)
+    guests, services = foreign_running(listed, node, own_vmids)
+    if guests or services:
+        logger.warning(
+            f"{target.print_prefix}rebooting {node} stops what is not pvegpu's ({FOREIGN_SWITCH}): "
+            f"{foreign_summary(guests, services)}"
+        )
+
+
+def reboot_planned(
+    target: Host,
+    *,
+    hardware: HostHardware,
+    tokens: tuple[str, ...],
+    functions: tuple[str, ...],
+    retired: tuple[str, ...],
+    vfio: bool,
+    cmdline_path: str,
+) -> bool:
+    """Whether `reboot_if_pending` with these arguments will find a reboot pending: from the running state
+    only (the command line and bindings), which the boot files this run writes do not change."""
+    running = running_cmdline(target, cmdline_path)
+    return bool(pending_reasons(running, tokens, hardware, functions, retired, vfio=vfio))
 
 
 def wait_after_reboot(target: Host, pending: Callable[[Host], str | None], timeout_s: float) -> None:

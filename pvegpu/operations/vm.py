@@ -30,7 +30,7 @@ from pvegpu.create_records import CreateLedger
 from pvegpu.guest_inventory import GUEST_OF_KEY
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.api_command import api_command, one_line_errors
-from pvegpu.operations.pve_guest import VM, Guest, converge, wait_status
+from pvegpu.operations.pve_guest import VM, Guest, Ownership, converge, wait_status
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm, nvidia_gpus, pending_keys, pending_report
@@ -49,11 +49,13 @@ def q35_vm(
     timeout_s: float,
     ledger: CreateLedger | None = None,
     keep_clique: bool = False,
+    ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
     """Create VM `vmid` on `node` with `config` + `create` (plan/vm.py) when absent, else PUT the keys that
     differ (with the read's digest). Raises OperationError for a hostpci slot pvegpu must not take.
     `ledger`: pvegpu's records of its creates (`converge`). `keep_clique`: pvegpu's GPUDirect clique parts
-    of `args` are left as they are (`vm.p2p: probe`: the P2P operation owns them)."""
+    of `args` are left as they are (`vm.p2p: probe`: the P2P operation owns them). `ownership`: pvegpu's mark
+    (created with it; an existing VM without it refused unless `vm.adopt`: pvegpu/operations/pve_guest.py)."""
 
     def diff(current: Mapping[str, object]) -> VmChange:
         try:
@@ -75,6 +77,7 @@ def q35_vm(
         ),
         timeout_s=timeout_s,
         ledger=ledger,
+        ownership=ownership,
     )
 
 

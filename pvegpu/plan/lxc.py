@@ -9,7 +9,8 @@ GPU, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`, and the `n
   and `nvidia-caps` are dynamic, read from the host's /proc/devices) and one `lxc.mount.entry` bind per
   node (the directory `/dev/nvidia-caps` as a whole), as community-scripts' nvidia.func writes them.
 
-Formats: shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3.
+Formats: shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3. Every raw line is checked before it is
+written (`raw_line_problem`): a key as pve-container parses one, a value of printable characters.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pvegpu.models.fields import shown
 from pvegpu.models.lxc import LxcSpec
 from pvegpu.models.nvidia import CAPS_DIR
 from pvegpu.plan.errors import PlanError
@@ -28,6 +30,10 @@ VIDEO_GID = 44
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 UVM = "nvidia-uvm"
 CAPS = "nvidia-caps"
+# pve-container's parse_pct_config reads `(lxc\.[a-z0-9_\-\.]+)(:|\s*=)\s*(.*?)\s*$`: a value with a
+# control character, or leading or trailing blanks, would not read back as written (or ends the line).
+RAW_KEY = re.compile(r"lxc\.[a-z0-9_.-]+")
+_CAP_NODE = re.compile(rf"{re.escape(CAPS_DIR)}/[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,12 @@ def plan_lxc_devices(
     `nvidia-uvm` (the driver's uvm module is not loaded: the raw lines cannot be written) or lacks
     `nvidia-caps` while caps exist.
     """
+    odd = [cap for cap in caps if not _CAP_NODE.fullmatch(cap)]
+    if odd:
+        raise PlanError(
+            f"host: {shown(odd[0])} is not a device node like {CAPS_DIR}/nvidia-capN: "
+            "not writing it into the container's config"
+        )
     if pve_version >= NATIVE_DEV_SINCE:
         nodes = device_nodes(gpus, caps)
         return LxcDevices(dev={f"dev{n}": f"{path},gid={gid}" for n, path in enumerate(nodes)}, raw=())
@@ -127,8 +139,26 @@ def create_keys(spec: LxcSpec) -> dict[str, str]:
 
 def raw_lines(spec: LxcSpec, devices: LxcDevices) -> tuple[tuple[str, str], ...]:
     """The raw `lxc.*` lines the container's config file must hold: the device lines (Proxmox < 8.1), then
-    the /dev/shm mount."""
-    return (*devices.raw, shm_line(spec.shm_gib))
+    the /dev/shm mount. PlanError for a line `raw_line_problem` refuses."""
+    lines = (*devices.raw, shm_line(spec.shm_gib))
+    for key, value in lines:
+        problem = raw_line_problem(key, value)
+        if problem is not None:
+            raise PlanError(problem)
+    return lines
+
+
+def raw_line_problem(key: str, value: str) -> str | None:
+    """None when `key: value` reads back as written from a container's config (RAW_KEY's comment), else why
+    not: a key unlike `lxc.<name>`, an empty value, a control character (a newline would start a line of
+    its own), or blanks around the value."""
+    if not RAW_KEY.fullmatch(key):
+        return f"raw lxc line: key {shown(key)} is not like lxc.<name> (a-z, 0-9, _ . -)"
+    if not value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return f"raw lxc line {key}: value {shown(value)} is empty or has a control character"
+    if value != value.strip(" \t"):
+        return f"raw lxc line {key}: value {shown(value)} starts or ends with a blank"
+    return None
 
 
 @dataclass(frozen=True)

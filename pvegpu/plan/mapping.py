@@ -22,6 +22,9 @@ number or model of GPUs; `MappingPlanError` names every problem.
 only ids of pvegpu's scheme (`<prefix><N>`): anything else is someone else's and is never created, updated or
 deleted. Inside a managed mapping, a map line of a node outside `cluster` (the inventory's nodes this mapping
 is planned for) belongs to someone else too: it is kept verbatim, and an update writes it back unchanged.
+With `owner`, a managed mapping also carries pvegpu's mark in its `description` (plan/ownership.py): created
+with it, and one without it (`MappingChange.mark` not ours) is the caller's to refuse or adopt: adopting is
+an UPDATE that writes the mark, the operator's description text kept.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from pvegpu.models.pve import CONFIG_ID, MapEntry, MapEntryError, PciMapping, parse_map_entry
+from pvegpu.plan.ownership import Mark, mapping_description, mapping_mark
 from pvegpu.plan.topology import Topology, Verdict
 
 DEFAULT_PREFIX = "gpu"
@@ -157,13 +161,17 @@ class Action(StrEnum):
 class MappingChange:
     """What to do with one desired mapping: `map` is the whole map it must hold (the planned entries and the
     kept ones); `current` the entries Proxmox holds now (None for CREATE); `kept` the current entries of
-    nodes outside the inventory's cluster, which `map` carries verbatim."""
+    nodes outside the inventory's cluster, which `map` carries verbatim; `description` the description it
+    must hold (None: left as it is, no `owner`); `mark` what the current one says of its owner (None for a
+    CREATE or without `owner`)."""
 
     action: Action
     id: str
     map: tuple[str, ...]
     current: tuple[str, ...] | None
     kept: tuple[str, ...] = ()
+    description: str | None = None
+    mark: Mark | None = None
 
 
 def diff_mappings(
@@ -172,6 +180,7 @@ def diff_mappings(
     prefix: str = DEFAULT_PREFIX,
     *,
     cluster: Collection[str],
+    owner: str | None = None,
 ) -> tuple[MappingChange, ...]:
     """CREATE / UPDATE / UNCHANGED per desired mapping, in desired order.
 
@@ -181,7 +190,8 @@ def diff_mappings(
     not by text or line order, so a mapping someone wrote in the GUI's key order is unchanged when it says
     the same. An entry that does not parse names no node for sure, counts as different and is replaced.
     Current mappings outside the prefix scheme, and managed ones no longer desired, are left alone.
-    Raises ValueError when a desired id is not of the prefix scheme (it would not be pvegpu's).
+    Raises ValueError when a desired id is not of the prefix scheme (it would not be pvegpu's). With
+    `owner`, the description that marks it (module docstring) is compared too.
     """
     held = {mapping.id: mapping for mapping in current}
     changes = []
@@ -190,13 +200,21 @@ def diff_mappings(
             raise ValueError(f"mapping {mapping.id!r} is not of pvegpu's scheme {prefix}<N>")
         now = held.get(mapping.id)
         if now is None:
-            changes.append(MappingChange(Action.CREATE, mapping.id, mapping.map, None))
+            description = None if owner is None else mapping_description(None, owner)
+            changes.append(MappingChange(Action.CREATE, mapping.id, mapping.map, None, (), description))
             continue
         kept = tuple(text for text in now.map if _node_of(text) not in (None, *cluster))
         whole = tuple(sorted(mapping.map + kept, key=lambda text: _node_of(text) or ""))
         same = _meaning(now.map) == _meaning(whole)
+        description = mark = None
+        if owner is not None:
+            description, mark = (
+                mapping_description(now.description, owner),
+                mapping_mark(now.description, owner),
+            )
+            same = same and description == now.description
         action = Action.UNCHANGED if same else Action.UPDATE
-        changes.append(MappingChange(action, mapping.id, whole, now.map, kept))
+        changes.append(MappingChange(action, mapping.id, whole, now.map, kept, description, mark))
     return tuple(changes)
 
 

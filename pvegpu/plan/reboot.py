@@ -4,15 +4,24 @@ Pending: a desired token missing from the running command line, and with vfio wa
 groups, or a selected GPU function not bound to vfio-pci; without (`lxc`, `baremetal`): a selected GPU
 function still bound to vfio-pci. Each reason is one clause of the message operators read:
 `reboot required: /proc/cmdline lacks iommu=pt; 0000:41:00.0 still bound to nvidia`.
+
+Before such a reboot, `foreign_refusal`: what it would stop that is not pvegpu's (running guests other than
+the inventory's `vm.vmid` / `lxc.vmid`, HA services placed on the node that HA keeps started) refuses it,
+unless `pve_host.allow_reboot_with_foreign_guests`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
 
 from pvegpu.models.hardware import HostHardware
+from pvegpu.models.node_guests import HaService, NodeGuest, NodeGuests
 
 VFIO_DRIVER = "vfio-pci"
+FOREIGN_SWITCH = "pve_host.allow_reboot_with_foreign_guests"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,63}")
+_GUEST_SID = re.compile(r"(?:vm|ct):([0-9]+)")
 
 
 def pending_reasons(
@@ -79,3 +88,52 @@ def _token_reasons(running: Sequence[str], desired: Sequence[str], retired: Sequ
 
 def pending_message(reasons: Sequence[str]) -> str:
     return "reboot required: " + "; ".join(reasons)
+
+
+def foreign_running(
+    listed: NodeGuests, node: str, own: Collection[int]
+) -> tuple[tuple[NodeGuest, ...], tuple[HaService, ...]]:
+    """What a reboot of `node` stops that is not pvegpu's: guests `running` whose vmid is not in `own`, and
+    HA services placed on `node` whose requested state is `started` (HA keeps them running: the reboot
+    stops or moves them) and whose vmid is not in `own`."""
+    guests = tuple(g for g in listed.guests if g.status == "running" and g.vmid not in own)
+    services = tuple(
+        service
+        for service in listed.ha
+        if service.node == node
+        and service.request_state == "started"
+        and not ((match := _GUEST_SID.fullmatch(service.sid)) and int(match[1]) in own)
+    )
+    return guests, services
+
+
+def foreign_summary(guests: Sequence[NodeGuest], services: Sequence[HaService]) -> str:
+    """`running VM 300 (web), CT 301 (db); HA resources on the node: vm:300 (started)`."""
+    clauses = []
+    if guests:
+        clauses.append("running " + ", ".join(f"{g.kind} {g.vmid} ({_name(g.name)})" for g in guests))
+    if services:
+        shown = ", ".join(f"{_name(s.sid)} ({_name(s.state or 'unknown')})" for s in services)
+        clauses.append(f"HA resources on the node: {shown}")
+    return "; ".join(clauses)
+
+
+def foreign_refusal(listed: NodeGuests, node: str, own: Collection[int], allowed: bool) -> str | None:
+    """None when the reboot of `node` may go ahead: nothing foreign runs (`foreign_running`), or `allowed`
+    (the switch); else the one-line refusal naming each guest and HA resource, and the switch. A list that
+    could not be read refuses too (nothing proves the node holds only pvegpu's guests)."""
+    if allowed:
+        return None
+    if listed.problem is not None:
+        return f"not rebooting {node}: {listed.problem}; or set {FOREIGN_SWITCH}: true"
+    guests, services = foreign_running(listed, node, own)
+    if not guests and not services:
+        return None
+    return (
+        f"not rebooting {node}: it would stop what is not pvegpu's: {foreign_summary(guests, services)}; "
+        f"stop or migrate them, or set {FOREIGN_SWITCH}: true"
+    )
+
+
+def _name(text: str) -> str:
+    return text if _PLAIN_NAME.fullmatch(text) else repr(text)[:40]

@@ -7,6 +7,7 @@ that writes the keys as `api-key: "<key>"` into `SECRETS_CONFIG` (mode 0600, in 
 directory, removed when it stops); `sglang serve` reads that file with `--config`. SGLang 0.5.23's parser
 (`sglang.srt.utils.server_args_config_parser.ConfigArgumentMerger`) needs exactly this: a `.yaml` path as the
 word after `--config`, a mapping at the root, each key an option name without `--`, the value a string.
+The same script then runs `sglang serve` (`exec_start`), so that `/server_info` does not show the keys.
 """
 
 from __future__ import annotations
@@ -34,8 +35,16 @@ def systemd_word(word: str) -> str:
 
 
 def exec_start(spec: SglangSpec, argv: Sequence[str]) -> str:
-    """The unit's ExecStart: `sglang serve` with the planned options `argv` (from `plan_sglang_argv`)."""
-    return " ".join(systemd_word(word) for word in [f"{spec.venv}/bin/sglang", "serve", *argv])
+    """The unit's ExecStart: `sglang serve` with the planned options `argv` (from `plan_sglang_argv`).
+
+    With a key, through SECRETS_SCRIPT (`python SECRETS_SCRIPT serve ...`): SGLang 0.5.23's `/server_info`
+    answers both keys and the launch command holding them to every holder of the API key, and SGLang offers
+    no setting against it, so the script runs SGLang's own `sglang serve` with that answer's keys blanked
+    (the template says how)."""
+    command = (
+        [f"{spec.venv}/bin/python", SECRETS_SCRIPT] if credentials(spec) else [f"{spec.venv}/bin/sglang"]
+    )
+    return " ".join(systemd_word(word) for word in [*command, "serve", *argv])
 
 
 def credentials(spec: SglangSpec) -> tuple[tuple[str, str], ...]:

@@ -7,13 +7,16 @@ nothing; a run converts it (conf copy kept, Q35/OVMF, GPUs as PCIe) and the VM c
 and network; another run changes nothing. Without one: nothing changes, and the steps are printed exactly.
 The node's `vm` is inventory/lab.py's, `image` included (the shape pvegpu ships): the VM exists already and
 was not made from the image, so nothing of the image applies to it (no download, no cloud-init keys).
-(The lab's guest disk does not keep what the guest wrote across a restart, so the NIC pin written in the
-guest is checked by the unit tests, not here.)
+The installed VM is the operator's own, without pvegpu's mark: its inventory says `vm.adopt: true`, and the
+conversion's PUT writes the mark (the tag `pvegpu`, `pvegpu-owner: <node>` in its description), so the run
+after it changes nothing. (The lab's guest disk does not keep what the guest wrote across a restart, so the
+NIC pin written in the guest is checked by the unit tests, not here.)
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator
 
@@ -42,7 +45,9 @@ def seeded_and_started(
     name: str, cli: Cli, lab_ssh: Ssh, monkeypatch: pytest.MonkeyPatch, esp: bool
 ) -> hosts.LabHost:
     """A reference node with vfio binding in effect, the installed VM seeded; deploy/vm.py makes the mappings
-    and refuses the stopped VM; the operator starts it: its guest runs on i440FX with the 8 GPUs."""
+    and refuses the stopped VM; the operator starts it: its guest runs on i440FX with the 8 GPUs. The
+    inventory adopts the VM (`vm.adopt: true`): it is the operator's, not made by pvegpu."""
+    monkeypatch.setenv("PVEGPU_LAB_VM_DATA", json.dumps({"adopt": True}))
     node = pve_node.up(name, "reference")
     boot.install(node, "grub")
     prepare_host(cli, monkeypatch, node)
@@ -100,6 +105,8 @@ def test_installed_vm_with_esp_is_converted(
         f"VM {VMID} step 4: set machine q35, bios ovmf, efidisk0 local-lvm:1,efitype=4m,pre-enrolled-keys=0, "
     )
     assert "hostpci7 mapping=gpu7,pcie=1" in steps[3]
+    assert f"description pvegpu-owner: {node.name}, " in steps[3]  # adopted: the PUT writes pvegpu's mark
+    assert ", tags pvegpu" in steps[3]
     assert steps[4:] == [
         f"VM {VMID} step 5: start VM {VMID} on Q35/OVMF (the next step: Start the VM and wait until it runs)"
     ]
@@ -114,6 +121,9 @@ def test_installed_vm_with_esp_is_converted(
     conf = conf_text(node)
     assert "machine: q35\n" in conf
     assert "bios: ovmf\n" in conf
+    # pvegpu's mark, written by the conversion (the description is comment lines, `:` encoded as Proxmox does)
+    assert conf.startswith(f"#pvegpu-owner%3A {node.name}\n")
+    assert "tags: pvegpu\n" in conf
     assert f"efidisk0: local-lvm:vm-{VMID}-disk-1,efitype=4m,pre-enrolled-keys=0,size=4M\n" in conf
     assert [line for line in conf.splitlines() if line.startswith("hostpci")] == [
         f"hostpci{n}: mapping=gpu{n},pcie=1" for n in range(8)

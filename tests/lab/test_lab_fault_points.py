@@ -34,6 +34,13 @@ Issue 12's fault points, and where each is proven ("row": a row of ROWS here):
    tests/unit/test_ops_mapping.py::test_noop_another_admins_line_of_a_node_outside_the_cluster_is_kept
 19 the reboot drops every SSH session (pyinfra's, the API's) and the first run still finishes:
    tests/lab/test_demo.py (two connections closed, run 1 passes), tests/unit/test_pve_reconnect.py
+
+Issue 24's point 8: every run whose connection is cut ends with one line for the node naming the step
+(pvegpu/run_progress.py `cut_line`), no traceback (no gevent greenlet's, no paramiko handshake's): the cut
+rows here; the node's link down for 20 s in the reboot wait (row grub-link-down-in-reboot-wait: the wait
+outlasts it, the run passes); the link down in the mapping sync, a frozen then killed API session in it,
+and pyinfra's connection cut before an operation that reads a fact:
+tests/lab/test_lab_faults.py::test_link_down_frozen_api_and_cut_before_a_fact_read_each_one_line.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from typing import Literal, cast
 import pytest
 
 from lab import boot, faults, hosts
+from pvegpu.run_progress import cut_line
 from tests.lab.test_lab_host import boot_state, deploy, read, reboots
 
 pytestmark = pytest.mark.lab
@@ -58,10 +66,13 @@ ALLOWED = {"pve_host": {"allow_reboot": True, "reboot_timeout_s": 30}}
 MODE: dict[boot.Layout, hosts.Mode] = {"grub": "netns", "systemd-boot": "nspawn"}
 CMDLINE_OP = "Set the kernel command line tokens pvegpu owns"
 VFIO_OP = "Bind GPU functions to vfio-pci at boot"
+REBOOT_OP = "Reboot if the running kernel lacks the boot state, and verify"
+STEP = "Prepare the Proxmox host | {}"
 # The commands pyinfra sends (whole, as root's login shell gets them), and the atomic writes' staged files.
 UPDATE_GRUB = "sh -c 'update-grub || *"
 REFRESH = "sh -c 'proxmox-boot-tool refresh || *"
 UPDATE_INITRAMFS = "sh -c 'update-initramfs -u -k all || *"
+REBOOT = "sh -c '( sleep 1 && reboot )*"
 GRUB_DROPIN = "/etc/default/grub.d/pvegpu.cfg"
 GRUB_DROPIN_STAGED = "/etc/default/grub.d/.pvegpu.cfg.pvegpu-new"
 GRUB_CFG = "/boot/grub/grub.cfg"
@@ -89,7 +100,8 @@ class As:
 class Row:
     """One fault point: the fault (None: the node starts damaged, `damage` says how) and the command it
     fires at; what the faulted run prints (`printed` under operation `op`, one `[node] ` line each), and
-    what it leaves (`left`: path -> content, None: absent)."""
+    what it leaves (`left`: path -> content, None: absent); `extra`: inventory data on top of ALLOWED, with
+    which the faulted run passes (the fault outlasted)."""
 
     layout: boot.Layout
     fault: faults.Fault | None
@@ -99,10 +111,16 @@ class Row:
     printed: tuple[str, ...] = ()
     left: dict[str, str | As | None] = field(default_factory=dict)
     damage: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, object] | None = None
 
 
 def executed(count: int) -> str:
     return f"Error: executed {count} commands"
+
+
+def cut(count: int, op: str = CMDLINE_OP) -> tuple[str, str]:
+    """What a cut under `op` after `count` commands prints: pyinfra's line, then pvegpu's (the last)."""
+    return executed(count), cut_line(STEP.format(op))
 
 
 ROWS = {
@@ -110,7 +128,7 @@ ROWS = {
         "grub",
         "cut",
         UPDATE_GRUB,
-        printed=(executed(1),),
+        printed=cut(1),
         left={GRUB_DROPIN: As("clean", GRUB_DROPIN), GRUB_CFG: As("before", GRUB_CFG)},
     ),
     "grub-update-grub-killed": Row(
@@ -142,7 +160,7 @@ ROWS = {
         "cut",
         UPDATE_INITRAMFS,
         op=VFIO_OP,
-        printed=(executed(2),),
+        printed=cut(2, VFIO_OP),
         left={MODPROBE: As("clean", MODPROBE), INITRD: As("before", INITRD)},
     ),
     "grub-initramfs-killed": Row(
@@ -162,7 +180,7 @@ ROWS = {
         "systemd-boot",
         "cut",
         REFRESH,
-        printed=(executed(4),),
+        printed=cut(4),
         left={CMDLINE: As("clean", CMDLINE), ESP_ENTRY: As("before", ESP_ENTRY)},
     ),
     "sdb-refresh-disk-full": Row(
@@ -196,6 +214,14 @@ ROWS = {
         CMDLINE_STAGED,
         printed=("Killed", executed(3)),
         left={CMDLINE: As("before", CMDLINE), CMDLINE_STAGED: As("clean", CMDLINE)},
+    ),
+    "grub-link-down-in-reboot-wait": Row(
+        "grub",
+        "link-down",
+        REBOOT,
+        "20",
+        op=None,
+        extra={"pve_host": {"allow_reboot": True, "reboot_timeout_s": 120}},
     ),
     "sdb-cmdline-truncated": Row(
         "systemd-boot",
@@ -246,6 +272,14 @@ def expected_output(node: hosts.LabHost, row: Row) -> str:
     return f"--> Starting operation: Prepare the Proxmox host | {row.op} \n{indented}"
 
 
+def last_line(node: hosts.LabHost, output: str) -> str:
+    """The last line pyinfra printed for `node`, without its `[node] ` prefix."""
+    prefix = f"[{node.name}] "
+    return [line.strip()[len(prefix) :] for line in output.splitlines() if line.strip().startswith(prefix)][
+        -1
+    ]
+
+
 @pytest.mark.parametrize("point", list(ROWS))
 def test_fault_point_converges_to_a_clean_runs_state(
     point: str,
@@ -266,15 +300,19 @@ def test_fault_point_converges_to_a_clean_runs_state(
     if row.fault is not None:
         faults.arm(node, row.fault, row.pattern, row.arg)
 
-    faulted = deploy(pyinfra_cli, monkeypatch, node, ALLOWED)
+    faulted = deploy(pyinfra_cli, monkeypatch, node, row.extra or ALLOWED)
 
-    if row.fault is not None:
+    if row.extra is not None:
+        assert (faulted.rc, faults.fired(node), reboots(node)) == (0, [row.fault], 1), faulted.stderr
+    elif row.fault is not None:
         assert faulted.rc == 1, faulted.stderr
         # A root login's connection is served by one sshd process below the listener.
         fired = "cut (sshd processes killed: 1)" if row.fault == "cut" else row.fault
         assert (faults.armed(node), faults.fired(node), reboots(node)) == (False, [fired], 0)
     assert expected_output(node, row) in faulted.stderr, faulted.stderr
     assert "Traceback" not in faulted.stderr, faulted.stderr
+    if row.fault == "cut":
+        assert last_line(node, faulted.stderr) == row.printed[-1], faulted.stderr
     for path, content in row.left.items():
         if isinstance(content, As):
             whole = (clean_files if content.run == "clean" else before)[content.path]
@@ -282,7 +320,7 @@ def test_fault_point_converges_to_a_clean_runs_state(
             assert file_or_none(node, path) == whole[: content.length], path
         else:
             assert file_or_none(node, path) == content, path
-    runs = [faulted] if row.fault is None else []
+    runs = [faulted] if row.fault is None or row.extra is not None else []
     while not runs or runs[-1].rc != 0:
         assert len(runs) < 2, runs[-1].stderr
         runs.append(deploy(pyinfra_cli, monkeypatch, node, ALLOWED))

@@ -7,7 +7,8 @@ itself stays faithful).
   worker dies mid-way (its writes hit RLIMIT_FSIZE: EFBIG, as a full disk or a kill), leaving the stub
   `lock: create` and a task that no longer runs. Asserted: the garbage fails the host in one line naming the
   endpoint, nothing written (no mapping, no image, no VM), no traceback; the killed create is reported with
-  its task and `qm unlock 100`, nor taken for an installed VM to convert. pvegpu recorded that create before
+  its task and "run again" (the next run repairs it: no `qm unlock` by hand), nor taken for an installed VM
+  to convert. pvegpu recorded that create before
   it sent it (pvegpu/create_records.py): without the record, the next run reports the dead create as not
   provably pvegpu's and leaves it; with it, ONE run (no operator action) unlocks and destroys what the dead
   create left (its volumes too) and creates the VM again, the guest joins the next run's inventory and that
@@ -18,6 +19,12 @@ itself stays faithful).
   half-written is taken for done (the image's checksum, the snippet's mode), the VM is made and its guest
   reached with pvegpu's login key, and the next run (with the guest, which joins the inventory then) changes
   nothing, downloads nothing.
+- Connections cut for real (lab/faults.py, root's login shell on the node): the node's link down for 20 s
+  under the mapping sync's first create (outlasted), then pyinfra's own connection cut under the image
+  download (the API's runs on), so the next operation's body reads a fact over a dead connection; then the
+  API's session frozen 5 s and killed under the VM create. Asserted: no traceback (neither a gevent
+  greenlet's nor paramiko's), each faulted run's last line for the node names the step that was cut, that
+  nothing after it was written and to run again; one plain run then converges, the next changes nothing.
 """
 
 from __future__ import annotations
@@ -31,10 +38,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lab import boot, hosts, images
+from lab import boot, faults, hosts, images
 from lab.pve import node as pve_node
 from pvegpu.create_records import ledger_beside
 from pvegpu.guest_keys import login_key_files
+from pvegpu.run_progress import cut_line
 from tests.lab.test_lab_vm import START, SYNC, VM, guest_gpus, mappings, prepare_host, run
 
 pytestmark = pytest.mark.lab
@@ -177,8 +185,8 @@ def test_drift_garbage_and_a_killed_create_then_one_run_converges(
     assert re.fullmatch(
         rf"VM 100 not completely created after POST /nodes/{pve_name}/qemu: .*: VM 100 is locked \(create\); "
         rf"its last task UPID:{pve_name}:[0-9A-F]{{8}}:[0-9A-F]{{8}}:[0-9A-F]{{8}}:qmcreate:100:root@pam: no "
-        rf"longer runs \(exit status: unexpected status\): check VM 100 on {pve_name}, remove the lock with "
-        r"`qm unlock 100` there, then run again",
+        r"longer runs \(exit status: unexpected status\): nothing after it was written; run again "
+        r"\(it destroys what the create left and creates it\)",
         report[1],
     ), report[1]
     assert len(mappings(node)) == 8  # the sync before the create was whole
@@ -297,3 +305,56 @@ def test_cut_download_then_cut_snippet_write_each_finished_by_the_next_run(
     assert settled == SETTLED
     assert "is not in this run's inventory" not in log
     assert sorted(imports(node)) == sorted([partial, CLOUD_IMAGE])  # nothing downloaded again
+
+
+def last_line(node: hosts.LabHost, output: str) -> str:
+    """The last line pyinfra printed for `node`, without its `[node] ` prefix."""
+    prefix = f"[{node.name}] "
+    return [line.strip()[len(prefix) :] for line in output.splitlines() if line.strip().startswith(prefix)][
+        -1
+    ]
+
+
+def test_link_down_frozen_api_and_cut_before_a_fact_read_each_one_line(
+    pve_name: str, pyinfra_cli: Cli, lab_ssh: Ssh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = faulty_node(pyinfra_cli, monkeypatch, lab_ssh, pve_name)
+    faults.install(node)
+    faults.arm(node, "link-down", "pvesh create /cluster/mapping/pci *", "20")
+    faults.arm(node, "cut-others", f"pvesh create /nodes/{pve_name}/storage/local/download-url *")
+
+    cut = failing(pyinfra_cli, node)
+
+    assert "Traceback" not in cut, cut
+    assert "No hosts remaining!" not in cut.replace("--> pyinfra error: No hosts remaining!", ""), cut
+    assert last_line(node, cut) == cut_line(SNIPPET), cut
+    assert len(mappings(node)) == 8  # the sync outlasted the link's 20 s down
+    the_image_is_whole(node)  # the download ran on over the API's own connection
+    assert not (node.root / SNIPPET_PATH).exists()
+    faults.arm(node, "freeze", f"pvesh create /nodes/{pve_name}/qemu *", "5")
+
+    frozen = failing(pyinfra_cli, node)
+
+    assert "Traceback" not in frozen, frozen
+    assert last_line(node, frozen) == cut_line(VM), frozen
+    assert faults.fired(node) == [
+        "link-down",
+        "cut-others (sshd processes killed: 1)",
+        "freeze (sshd processes stopped 5 s, then killed: 1)",
+    ]
+    assert not (node.root / "etc/pve/qemu-server/100.conf").exists()
+
+    converged, log = run(pyinfra_cli, "deploy/vm.py", node)
+
+    assert converged == {
+        **SETTLED,
+        IMAGE: "no_change",
+        VM: "success",
+        DISK: "success",
+        START: "success",
+        KNOWN: "success",
+    }
+    assert "Traceback" not in log, log
+    assert guest_reached(node) == f"{pve_name}v100"
+    settled, log = run(pyinfra_cli, "deploy/vm.py", node, hosts.get_host(f"{pve_name}v100"))
+    assert settled == SETTLED

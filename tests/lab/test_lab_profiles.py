@@ -171,13 +171,16 @@ def site(
     profile: str,
     *,
     allow: bool = True,
+    foreign: bool | None = None,
     more: dict[str, Any] | None = None,
     also: tuple[str, ...] = (),
     check: bool = True,
 ) -> tuple[dict[str, str], str, str]:
     """(operation name -> outcome on `node`, stderr, stdout) of deploy/site.py on `node` (and the hosts
-    `also`) with `profile` and the serving data (+ `more`)."""
-    extra = {"node": {"profile": profile}, "pve_host": {"allow_reboot": allow}, **SERVING, **(more or {})}
+    `also`) with `profile` and the serving data (+ `more`). `foreign`: whether a reboot may stop the
+    operator's running VM 150 (`allow_reboot_with_foreign_guests`, by default as `allow`)."""
+    host = {"allow_reboot": allow, "allow_reboot_with_foreign_guests": allow if foreign is None else foreign}
+    extra = {"node": {"profile": profile}, "pve_host": host, **SERVING, **(more or {})}
     monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps(extra))
     limits = [arg for name in (node.name, *also) for arg in ("--limit", name)]
     result = cli("--json", "-y", *limits, INVENTORY, "deploy/site.py", check=False)
@@ -359,6 +362,17 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
         "yet\n"
     ) in log
     assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/status/current")["status"] == "running"
+    assert reboots(node) == 1
+
+    # Allowed to reboot, but the operator's VM 150 runs: refused before anything is changed.
+    _, refused, _ = site(pyinfra_cli, monkeypatch, node, "baremetal", foreign=False, check=False)
+    assert (
+        f"not rebooting {pve_name}: it would stop what is not pvegpu's: running VM 150 (other); stop or "
+        "migrate them, or set pve_host.allow_reboot_with_foreign_guests: true"
+    ) in refused
+    assert "Traceback" not in refused
+    assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/status/current")["status"] == "running"
+    assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/config")["onboot"] == 1
     assert reboots(node) == 1
 
     baremetal, _, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")

@@ -3,6 +3,13 @@ no process argv nor file pvegpu writes shows the key; an empty, world-readable o
 on the guest, naming the field and the path and never the key, while the running service keeps running.
 
 One guest for every case: it boots and converges once (the slow part), then each bad key file is one more run.
+`/server_info` answers that key only blanked (SGLang 0.5.23 shows both keys there; pvegpu's launcher blanks
+them; the stand-in shows them as SGLang does).
+
+The demo's two runs (deploy/site.py on a Proxmox lab node, then on its new VM's guest) with `-vv --debug`:
+neither output holds the API token's secret, a private key pvegpu generated for the guest (host, login) or the
+lab's root key, and no process of the lab machine (the node's and the guest's among them: nspawn's PID
+namespaces are the lab machine's children) shows one in its `/proc/<pid>/cmdline`, sampled through both runs.
 """
 
 from __future__ import annotations
@@ -10,12 +17,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from lab import guest_payload, hosts
+from lab.pve import api_setup
 
 pytestmark = pytest.mark.lab
 
@@ -43,7 +52,8 @@ def _deploy(
 ) -> subprocess.CompletedProcess[str]:
     extra = {"sglang": {"host": "0.0.0.0", "api_key_file": key_file}}
     monkeypatch.setenv("PVEGPU_LAB_EXTRA_DATA", json.dumps(extra))
-    return cli("-y", "-vv", "--limit", guest.name, INVENTORY, DEPLOY, check=False)  # -vv prints every command
+    # -vv prints every command, --debug pyinfra's log of every command it runs
+    return cli("-y", "-vv", "--debug", "--limit", guest.name, INVENTORY, DEPLOY, check=False)
 
 
 def _status(lab_ssh: LabSsh, guest: hosts.LabHost, key: str | None) -> str:
@@ -56,6 +66,17 @@ def _status(lab_ssh: LabSsh, guest: hosts.LabHost, key: str | None) -> str:
         'except e.HTTPError as x: print(x.code)"'
     )
     return lab_ssh(guest, probe).strip()
+
+
+def _get(lab_ssh: LabSsh, guest: hosts.LabHost, path: str, key: str) -> str:
+    """The body of GET `path` on the guest's SGLang, sent with `Authorization: Bearer <key>`."""
+    headers = {"Authorization": f"Bearer {key}"}
+    probe = (
+        '/opt/sglang/venv/bin/python -c "import urllib.request as u\n'
+        f"r = u.Request('http://127.0.0.1:30000{path}', headers={headers!r})\n"
+        'print(u.urlopen(r).read().decode())"'
+    )
+    return lab_ssh(guest, probe)
 
 
 def _main_pid(lab_ssh: LabSsh, guest: hosts.LabHost) -> str:
@@ -80,6 +101,10 @@ def test_key_only_reaches_sglang_and_bad_key_files_never_stop_it(
     assert KEY not in good.stdout + good.stderr
     assert (_status(lab_ssh, guest, None), _status(lab_ssh, guest, KEY)) == ("401", "200")
     assert _status(lab_ssh, guest, "wrong-key") == "401"
+    info = json.loads(_get(lab_ssh, guest, "/server_info", KEY))
+    assert (info["api_key"], info["admin_api_key"]) == ("<redacted>", None)
+    assert info["launch_command"].startswith("--api-key <redacted> --model-path ")
+    assert KEY not in json.dumps(info)
     assert KEY not in lab_ssh(guest, "ps -eo args")  # what any user of the guest sees
     lab_machine_ps = subprocess.run(["ps", "-eo", "args"], check=True, capture_output=True, text=True)
     assert KEY not in lab_machine_ps.stdout
@@ -118,3 +143,77 @@ def test_key_only_reaches_sglang_and_bad_key_files_never_stop_it(
             guest, "cat /etc/systemd/system/sglang.service"
         )
     assert (_status(lab_ssh, guest, None), _status(lab_ssh, guest, KEY)) == ("401", "200")
+
+
+class _CmdlineSampler(threading.Thread):
+    """Every distinct `/proc/<pid>/cmdline` of the lab machine, read every few milliseconds until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.seen: set[str] = set()
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.005):
+            for proc in Path("/proc").iterdir():
+                try:
+                    argv = (proc / "cmdline").read_bytes() if proc.name.isdigit() else b""
+                except OSError:  # the process ended
+                    continue
+                self.seen.add(argv.replace(b"\0", b" ").decode(errors="replace"))
+
+
+def _private_key_lines(path: Path) -> list[str]:
+    """The base64 lines of an OpenSSH private key: any one of them in an output or argv is a leak."""
+    return [line for line in path.read_text().splitlines() if line and not line.startswith("-----")]
+
+
+def _site(repo: Path) -> subprocess.CompletedProcess[str]:
+    """One demo run (deploy/site.py, the lab inventory), printing every command and pyinfra's debug log."""
+    return subprocess.run(
+        [".venv/bin/pyinfra", "-y", "-vv", "--debug", "inventory/lab.py", "deploy/site.py"],
+        cwd=repo, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600, check=False,
+    )  # fmt: skip
+
+
+def test_demo_runs_show_no_secret_in_their_output_or_any_cmdline() -> None:
+    name = f"sd{os.getpid() % 10000}"  # lab host names: at most 11 characters, with `v100`
+    repo = Path(__file__).resolve().parents[2]
+    up = [".venv/bin/python", "-m", "lab", "up", name, "--topology", "reference", "--pve"]
+    sampler = _CmdlineSampler()
+    try:
+        subprocess.run([*up, "--boot", "grub", "--mode", "nspawn", "--replace"], cwd=repo, check=True,
+                       capture_output=True)  # fmt: skip
+        sampler.start()
+        runs = [_site(repo), _site(repo)]  # the node (and its VM), then the VM's guest
+        sampler.stopping.set()
+        sampler.join()
+        for run in runs:
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        node = hosts.get_host(name)
+        api = api_setup.record(node)
+        assert api is not None
+        keys = hosts.known_hosts_path().parent / hosts.GUEST_KEYS_DIR
+        secrets = {
+            "the API token's secret": [Path(api["token_file"]).read_text().strip()],
+            "the guest's private host key": _private_key_lines(keys / f"{name}v100_ed25519"),
+            "the guest's private login key": _private_key_lines(keys / f"{name}v100_login_ed25519"),
+            "the lab's root key": _private_key_lines(node.key),
+        }
+        assert all(secrets.values()), secrets.keys()
+        output = "".join(run.stdout + run.stderr for run in runs)
+        assert f"[pyinfra.connectors.ssh] Running command on {name}v100: " in output  # the debug log
+        cmdlines = "\n".join(sampler.seen)
+        # The sampler saw the runs, on this machine and on the node (root-only writes run pvesh there).
+        assert "deploy/site.py" in cmdlines
+        assert "pvesh " in cmdlines
+        leaks = [
+            (what, where)
+            for what, values in secrets.items()
+            for where, text in (("output", output), ("a /proc/<pid>/cmdline", cmdlines))
+            if any(value in text for value in values)
+        ]
+        assert leaks == []
+    finally:
+        sampler.stopping.set()
+        hosts.down(name)

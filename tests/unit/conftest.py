@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit import fake_pve
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _end_stand_in_vms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -30,3 +32,8 @@ def _end_stand_in_vms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
         if argv[:2] == [b"/usr/bin/kvm", b"-c"] and f"f='{base}/".encode() in argv[2]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _fixed_create_nonce(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pvegpu.operations.pve_guest.new_nonce", lambda: fake_pve.NONCE)

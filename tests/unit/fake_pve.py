@@ -18,6 +18,8 @@ from pvegpu.pve import Params, PveClient, PveError
 Call = tuple[str, str, dict[str, Any]]
 UPID_START = "UPID:pve1:0000A1B2:0153F2C4:66A1B2C3:qmstart:100:root@pam:"
 UPID_CREATE = "UPID:pve1:0000A1B3:0153F2C4:66A1B2C4:qmcreate:100:root@pam:"
+NONCE = "5eed" * 8  # every create's nonce in unit tests (conftest fixes pve_guest.new_nonce)
+NONCED = {"description": f"pvegpu-create: {NONCE}"}  # what a create adds to the keys it is given
 
 
 class FakeApi:
@@ -111,6 +113,7 @@ class MappingStore:
 
     def __init__(self, *mappings: tuple[str, list[str]]) -> None:
         self.maps = {mapping_id: list(entries) for mapping_id, entries in mappings}
+        self.descriptions: dict[str, str] = {}  # `description` per id, as pci.cfg keeps it
         self.version = 1
         self.checks: dict[str, list[dict[str, str]]] = {}
         self.after_write: PveError | None = None
@@ -130,26 +133,32 @@ class MappingStore:
     def _list(self, _params: dict[str, Any]) -> list[dict[str, Any]]:
         return [
             {"id": i, "type": "pci", "digest": self.digest, "map": m, "checks": self.checks.get(i, [])}
+            | ({"description": self.descriptions[i]} if i in self.descriptions else {})
             for i, m in sorted(self.maps.items())
         ]
 
     def _get(self, mapping_id: str) -> dict[str, Any]:
         if mapping_id not in self.maps:
             raise PveError(500, f"mapping '{mapping_id}' not found")
-        return {"type": "pci", "digest": self.digest, "map": self.maps[mapping_id]}
+        found = {"type": "pci", "digest": self.digest, "map": self.maps[mapping_id]}
+        if mapping_id in self.descriptions:
+            found["description"] = self.descriptions[mapping_id]
+        return found
 
     def _post(self, params: dict[str, Any]) -> None:
         if params["id"] in self.maps:
             raise PveError(500, f"create hardware mapping failed: pci ID '{params['id']}' already defined")
-        self._write(params["id"], params["map"])
+        self._write(params["id"], params["map"], params.get("description"))
 
     def _put(self, mapping_id: str, params: dict[str, Any]) -> None:
         if params.get("digest") != self.digest:
             raise PveError(500, MODIFIED)
-        self._write(mapping_id, params["map"])
+        self._write(mapping_id, params["map"], params.get("description"))
 
-    def _write(self, mapping_id: str, entries: list[str]) -> None:
+    def _write(self, mapping_id: str, entries: list[str], description: str | None = None) -> None:
         self.maps[mapping_id] = list(entries)
+        if description is not None:
+            self.descriptions[mapping_id] = description
         self.version += 1
         if self.after_write is not None:
             raise self.after_write

@@ -31,6 +31,7 @@ def test_one_command_gives_what_the_two_facts_give(tmp_path: Path) -> None:
     fact = ServingRead()
     done = run(fact.command(str(sysfs), request))
     assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1  # packed: pyinfra reads one line, not a thousand
     read = fact.process(done.stdout.splitlines())
 
     assert read.hardware == PciHardware().process(run(PciHardware().command(str(sysfs))).stdout.splitlines())
@@ -52,6 +53,12 @@ def test_a_failing_listing_fails_the_read(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr == f"pvegpu: sysfs root {tmp_path}/nowhere is not a readable directory\n"
     assert STATE_MARKER not in done.stdout
+
+
+def test_unpacked_output_is_refused() -> None:
+    with pytest.raises(FactParseError) as error:
+        ServingRead().process(["#pvegpu:os", "ID=debian"])
+    assert str(error.value) == "serving read: not one line of gzip in base64 (2 lines)"
 
 
 def test_output_without_the_marker_is_refused() -> None:

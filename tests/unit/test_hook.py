@@ -240,6 +240,7 @@ def test_bundle_holds_the_hooks_stdlib_only_modules_and_is_deterministic() -> No
         "pvegpu.plan.errors",
         "pvegpu.plan.heal",
         "pvegpu.plan.mapping",
+        "pvegpu.plan.ownership",
         "pvegpu.plan.topology",
     )
     assert build().sha256 == build().sha256

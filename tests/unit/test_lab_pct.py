@@ -124,6 +124,20 @@ def test_ct_start_asks_for_the_container_host_with_its_devices_and_stop_stops_it
     ]
 
 
+def test_ct_shutdown_ends_it_and_a_stopped_one_is_refused(node: Node) -> None:
+    create_ct(node)
+    assert node("pvesh", "create", f"/nodes/{NODE}/lxc/200/status/start")[2] == ""
+
+    shutdown = node("pvesh", "create", f"/nodes/{NODE}/lxc/200/status/shutdown", "--timeout", "30")
+    again = node("pvesh", "create", f"/nodes/{NODE}/lxc/200/status/shutdown")
+
+    assert (shutdown[0], shutdown[2]) == (0, "")
+    assert ":vzshutdown:200:" in shutdown[1]
+    assert status(node) == "stopped"
+    assert node.requests[-1] == {"action": "stop", "type": "lxc", "vmid": 200}
+    assert (again[0], again[2]) == (255, "CT 200 not running\n")
+
+
 def test_error_ct_start_refused_by_the_hypervisor_fails_the_task(node: Node) -> None:
     create_ct(node)
     node.answer = {"ok": False, "error": "lab host pve1c200 did not come up"}

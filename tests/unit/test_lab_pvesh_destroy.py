@@ -68,3 +68,35 @@ def test_destroy_refuses_a_running_vm_before_its_task(pve: Pve) -> None:  # noqa
     assert pve("delete", "/nodes/pve1/qemu/100") == Result(255, "", "VM 100 is running - destroy failed\n")
     assert (pve.root / "etc/pve/qemu-server/100.conf").exists()
     assert pve("create", "/nodes/pve1/qemu/100/status/stop").rc == 0
+
+
+def test_destroy_without_purge_refuses_an_ha_resource_and_a_replicated_vm_before_its_task(pve: Pve) -> None:  # noqa: F811
+    pve("create", "/nodes/pve1/qemu", *VM_ARGS, *VM_DISKS)
+    (pve.root / "etc/pve/ha").mkdir(parents=True, exist_ok=True)
+    (pve.root / "etc/pve/ha/resources.cfg").write_text("vm: 100\n\tstate started\n")
+
+    assert pve("delete", "/nodes/pve1/qemu/100") == Result(
+        255, "", "unable to remove VM 100 - used in HA resources and purge parameter not set.\n"
+    )
+    (pve.root / "etc/pve/ha/resources.cfg").write_text("")
+    (pve.root / "etc/pve/replication.cfg").write_text("local: 100-0\n\ttarget pve2\n")
+    assert pve("delete", "/nodes/pve1/qemu/100") == Result(
+        255, "", "There is a replication job '100-0' for guest '100' - Please remove that first.\n"
+    )
+    assert (pve.root / "etc/pve/qemu-server/100.conf").exists()
+
+
+def test_delete_volume_frees_one_volume_in_an_imgdel_task(pve: Pve) -> None:  # noqa: F811
+    killed_create(pve)
+    left = sorted(path.name for path in (pve.root / VOLUMES).iterdir())
+    volid = f"local-lvm:{left[0]}"
+
+    done = pve("delete", f"/nodes/pve1/storage/local-lvm/content/{volid}", "--output-format", "json")
+
+    assert done.out.splitlines()[0] == f"Removed volume '{volid}'"
+    upid = done.out.splitlines()[1].strip('"')
+    assert upid.split(":")[5:8] == ["imgdel", "100@local-lvm", "root@pam"]
+    assert sorted(path.name for path in (pve.root / VOLUMES).iterdir()) == left[1:]
+    assert pve("delete", f"/nodes/pve1/storage/local/content/{volid}").err.startswith(
+        "400 Parameter verification failed.\nvolume: storage ID mismatch (local-lvm != local)\n"
+    )

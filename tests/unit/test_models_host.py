@@ -61,5 +61,6 @@ def test_table_rows() -> None:
     assert [row.split(" | ")[:3] for row in rows[2:]] == [
         ["| `pve_host.allow_reboot`", "boolean", "`False`"],
         ["| `pve_host.extra_cmdline`", "list of strings", "`()`"],
+        ["| `pve_host.allow_reboot_with_foreign_guests`", "boolean", "`False`"],
         ["| `pve_host.reboot_timeout_s`", "integer", "`600`"],
     ]

@@ -14,7 +14,7 @@ from pvegpu.facts.lxc_devices import NvidiaNodes, parse_nvidia_nodes
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.inventory import spec_of
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
-from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
+from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines, raw_lines_command
 from pvegpu.operations.pve_guest import CT, guest_parked, guest_running
 from pvegpu.plan.lxc import (
     SHM_ENTRY,
@@ -28,7 +28,7 @@ from pvegpu.plan.lxc import (
     raw_of,
 )
 from pvegpu.pve import PveError
-from tests.unit.fake_pve import ConfigStore, FakeApi, execute, sequence, task_ok
+from tests.unit.fake_pve import NONCED, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 
 TEMPLATE = "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"
@@ -158,7 +158,8 @@ def test_create_container_with_devices() -> None:
     commands, noops = converge(api)
     execute(commands)
     assert noops == []
-    assert api.writes() == [("POST", "/nodes/pve1/lxc", {"vmid": 200, **CONFIG, **create_keys(SPEC)})]
+    created = {"vmid": 200, **CONFIG, **create_keys(SPEC), **NONCED}
+    assert api.writes() == [("POST", "/nodes/pve1/lxc", created)]
 
 
 def test_noop_container_has_its_config() -> None:
@@ -207,22 +208,15 @@ def raw(api: FakeApi) -> tuple[list[Any], list[str]]:
     )
 
 
-def test_create_raw_lines_appended_for_a_new_container() -> None:
+def test_create_raw_lines_written_for_a_new_container() -> None:
     commands, _ = raw(FakeApi({("GET", CONFIG_PATH): MISSING}))
-    assert commands == [
-        "printf '%s\\n' 'lxc.mount.entry: tmpfs dev/shm tmpfs size=16G,nosuid,nodev,create=dir 0 0' "
-        ">> /etc/pve/lxc/200.conf"
-    ]
+    assert commands == [raw_lines_command(200, [f"{SHM}size=16G,nosuid,nodev,create=dir 0 0"], SHM)]
 
 
 def test_update_raw_shm_line_of_another_size_replaced() -> None:
     old = [["lxc.mount.entry", "tmpfs dev/shm tmpfs size=8G,nosuid,nodev,create=dir 0 0"]]
     commands, _ = raw(FakeApi({("GET", CONFIG_PATH): {"lxc": old, "digest": "d1"}}))
-    assert commands == [
-        f"sed -i '\\|^{SHM}|d' /etc/pve/lxc/200.conf",
-        "printf '%s\\n' 'lxc.mount.entry: tmpfs dev/shm tmpfs size=16G,nosuid,nodev,create=dir 0 0' "
-        ">> /etc/pve/lxc/200.conf",
-    ]
+    assert commands == [raw_lines_command(200, [f"{SHM}size=16G,nosuid,nodev,create=dir 0 0"], SHM)]
 
 
 def test_noop_raw_lines_present() -> None:
@@ -284,8 +278,8 @@ def test_drift_container_driver() -> None:
 
 # --- guest_parked (a container) ---------------------------------------------------------------
 
-STOP = "/nodes/pve1/lxc/200/status/stop"
-UPID_STOP = "UPID:pve1:0000B1B4:0153F2C5:66A1B2C5:vzstop:200:root@pam:"
+SHUTDOWN = "/nodes/pve1/lxc/200/status/shutdown"
+UPID_SHUTDOWN = "UPID:pve1:0000B1B4:0153F2C5:66A1B2C5:vzshutdown:200:root@pam:"
 
 
 def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
@@ -302,20 +296,23 @@ def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
     )
 
 
-def test_update_running_container_onboot_cleared_then_stopped() -> None:
+def test_update_running_container_onboot_cleared_then_shut_down() -> None:
     store = ct_store({"onboot": 1, "digest": "d1"})
     api = FakeApi(
         {
             ("GET", CONFIG_PATH): store.get,
             ("GET", STATUS): sequence({"status": "running"}, {"status": "stopped"}),
             ("PUT", CONFIG_PATH): store.put,
-            ("POST", STOP): UPID_STOP,
-            ("GET", f"/nodes/pve1/tasks/{UPID_STOP}/status"): task_ok(UPID_STOP),
+            ("POST", SHUTDOWN): UPID_SHUTDOWN,
+            ("GET", f"/nodes/pve1/tasks/{UPID_SHUTDOWN}/status"): task_ok(UPID_SHUTDOWN),
         }
     )
     commands, _ = park(api)
     execute(commands)
-    assert api.writes() == [("PUT", CONFIG_PATH, {"onboot": 0, "digest": "d1"}), ("POST", STOP, {})]
+    assert api.writes() == [  # a clean shutdown, never a plain power-off
+        ("PUT", CONFIG_PATH, {"onboot": 0, "digest": "d1"}),
+        ("POST", SHUTDOWN, {"timeout": 5}),
+    ]
 
 
 def test_noop_running_container_not_allowed_says_what_it_would_do() -> None:

@@ -19,7 +19,16 @@ from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.vm import create_keys, vm_config
 from pvegpu.pve import PveConnectionError, PveError, Unparsed
-from tests.unit.fake_pve import UPID_CREATE, UPID_START, ConfigStore, FakeApi, execute, sequence, task_ok
+from tests.unit.fake_pve import (
+    NONCED,
+    UPID_CREATE,
+    UPID_START,
+    ConfigStore,
+    FakeApi,
+    execute,
+    sequence,
+    task_ok,
+)
 from tests.unit.hostdata import two_cards
 from tests.unit.op_harness import run_op
 
@@ -124,7 +133,7 @@ def test_create_when_absent_posts_every_key_and_waits_for_the_task() -> None:
     execute(commands)
 
     assert noops == []
-    assert api.writes() == [("POST", "/nodes/pve1/qemu", {"vmid": 100, **CONFIG, **CREATE})]
+    assert api.writes() == [("POST", "/nodes/pve1/qemu", {"vmid": 100, **CONFIG, **CREATE, **NONCED})]
     assert api.calls[-2:] == [
         ("GET", f"/nodes/pve1/tasks/{UPID_CREATE}/status", {}),
         ("GET", CONFIG_PATH, {}),  # read back

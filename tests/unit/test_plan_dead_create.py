@@ -6,7 +6,21 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu.plan.dead_create import CreateRecord, Ownership, ownership
+from pvegpu.models.pve import StorageVolume, TaskStatus
+from pvegpu.plan.dead_create import (
+    CLOCK_SKEW_S,
+    CreateRecord,
+    CreateVolumes,
+    Ownership,
+    carries_nonce,
+    create_storages,
+    create_volumes,
+    newest_task,
+    ownership,
+    start_time,
+    with_nonce,
+    without_nonce,
+)
 
 CREATE = "UPID:pve1:0000A1B3:0153F2C4:66A1B2C4:qmcreate:100:root@pam:"
 STARTED = 0x66A1B2C4
@@ -117,4 +131,117 @@ def test_ownership_of_a_container_create_needs_vzcreate() -> None:
     assert ownership(record, vzcreate, "vzcreate", 200, "root@pam").own
     assert ownership(record, vzcreate, "qmcreate", 200, "root@pam") == Ownership(
         False, "its last task is a vzcreate of 200, not a create"
+    )
+
+
+NONCE = "5eed" * 8
+OLDER = "UPID:pve1:0000A1B0:0153F2C0:66A1B2C0:qmstart:100:root@pam:"
+NEWER = "UPID:pve1:0000A1C9:0153F2D9:66A1B2D0:qmconfig:100:other@pve:"
+
+
+def ended(upid: str) -> TaskStatus:
+    return TaskStatus(upid=upid, status="stopped", exitstatus="OK")
+
+
+def test_start_time_is_the_upids_hex_starttime() -> None:
+    assert start_time(CREATE) == 1721873092
+    assert start_time("UPID:pve1:x") is None
+
+
+@pytest.mark.parametrize(
+    ("tasks", "sees_all", "expected"),
+    [
+        pytest.param([ended(NEWER), ended(CREATE)], True, ended(NEWER), id="listed-order"),
+        pytest.param([ended(CREATE), ended(NEWER), ended(OLDER)], True, ended(NEWER), id="by-start-time"),
+        pytest.param(
+            [ended(CREATE)],
+            False,
+            "the task list is not the whole of /nodes/pve1's (no Sys.Audit on /nodes/pve1: only its own "
+            "tasks)",
+            id="no-sys-audit",
+        ),
+        pytest.param([], True, "Proxmox lists no task of it", id="none"),
+        pytest.param(
+            [ended(CREATE), TaskStatus(OLDER, "running", None)],
+            True,
+            f"task {OLDER} still runs",
+            id="running",
+        ),
+        pytest.param([ended("nonsense")], True, "'nonsense' is not a Proxmox task id", id="not-a-upid"),
+    ],
+)
+def test_newest_task(tasks: list[TaskStatus], sees_all: bool, expected: TaskStatus | str) -> None:
+    assert newest_task(tasks, sees_all, "/nodes/pve1") == expected
+
+
+def test_nonce_line_is_added_and_removed_keeping_other_lines() -> None:
+    assert with_nonce(None, NONCE) == f"pvegpu-create: {NONCE}"
+    described = with_nonce("pvegpu-owner: lab\nnotes", NONCE)
+    assert described == f"pvegpu-owner: lab\nnotes\npvegpu-create: {NONCE}"
+    assert with_nonce(described, "ab" * 16) == f"pvegpu-owner: lab\nnotes\npvegpu-create: {'ab' * 16}"
+    assert without_nonce({"description": described, "cores": 4}) == {
+        "description": "pvegpu-owner: lab\nnotes",
+        "cores": 4,
+    }
+    assert without_nonce({"description": f"pvegpu-create: {NONCE}\n"}) == {}
+    assert without_nonce({"cores": 4}) == {"cores": 4}
+
+
+@pytest.mark.parametrize(
+    ("values", "record", "expected"),
+    [
+        pytest.param({"lock": "create", "digest": "d"}, CreateRecord(None, 1, NONCE), None, id="stub"),
+        pytest.param(
+            {"lock": "create", "name": "llm", "description": f"x\npvegpu-create: {NONCE}"},
+            CreateRecord(None, 1, NONCE),
+            Ownership(True, "its description carries pvegpu's create nonce"),
+            id="ours",
+        ),
+        pytest.param(
+            {"name": "llm"},
+            CreateRecord(None, 1, NONCE),
+            Ownership(False, "its config carries no `pvegpu-create:` line"),
+            id="none",
+        ),
+        pytest.param(
+            {"name": "llm", "description": f"pvegpu-create: {'ab' * 16}"},
+            CreateRecord(None, 1, NONCE),
+            Ownership(False, f"its `pvegpu-create:` line is not that of pvegpu's create ({'ab' * 16})"),
+            id="other",
+        ),
+        pytest.param(
+            {"name": "llm", "description": f"pvegpu-create: {NONCE}"},
+            CreateRecord(None, 1, None),
+            Ownership(False, f"its `pvegpu-create:` line is not that of pvegpu's create ({NONCE})"),
+            id="record-without-nonce",
+        ),
+    ],
+)
+def test_carries_nonce(values: dict[str, object], record: CreateRecord, expected: Ownership | None) -> None:
+    assert carries_nonce(values, record) == expected
+
+
+def test_create_storages_are_those_its_disk_keys_allocate_on() -> None:
+    params = {
+        "scsi0": "local-lvm:200,iothread=1",
+        "efidisk0": "local-lvm:1,efitype=4m",
+        "ide2": "cephpool:cloudinit",
+        "ide0": "local:iso/debian.iso,media=cdrom",  # an existing volume: nothing allocated
+        "scsi1": "local-lvm:vm-100-disk-3",
+        "virtio1": "file=zfs.1:0.5",
+        "net0": "virtio,bridge=vmbr0",
+    }
+    assert create_storages(params) == ("cephpool", "local-lvm", "zfs.1")
+
+
+def test_create_volumes_are_those_of_its_vmid_since_the_record_less_the_skew() -> None:
+    record = CreateRecord(None, 1000)
+    volumes = [
+        StorageVolume("s:vm-100-disk-0", 100, 1000 - CLOCK_SKEW_S),  # the node's clock 60 s behind
+        StorageVolume("s:vm-100-disk-1", 100, 1000 - CLOCK_SKEW_S - 1),
+        StorageVolume("s:vm-100-disk-2", 100, None),  # no ctime: proves nothing
+        StorageVolume("s:vm-101-disk-0", 101, 2000),
+    ]
+    assert create_volumes(volumes, 100, record) == CreateVolumes(
+        ours=("s:vm-100-disk-0",), older=("s:vm-100-disk-1", "s:vm-100-disk-2")
     )

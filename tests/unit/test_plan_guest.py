@@ -160,7 +160,8 @@ def test_exec_start_with_key_passes_only_the_config_path() -> None:
         tool_call_parser=None, quantization=None,
     )  # fmt: skip
     assert exec_start(spec, vm_argv(spec)) == (
-        "/opt/sglang/venv/bin/sglang serve --model-path /models/GLM-5-NVFP4 "
+        "/opt/sglang/venv/bin/python /usr/local/lib/pvegpu/sglang-secrets.py serve "
+        "--model-path /models/GLM-5-NVFP4 "
         '--served-model-name "glm 5%%" --tp-size 8 --pp-size 1 --kv-cache-dtype bf16 '
         "--mem-fraction-static 0.88 --host 0.0.0.0 --port 30000 --config /run/sglang/secrets.yaml "
         "--enable-p2p-check --disable-custom-all-reduce"

@@ -179,6 +179,9 @@ STATUS = "/nodes/pve1/qemu/100/status/current"
 STOP = "/nodes/pve1/qemu/100/status/stop"
 UPID_STOP = "UPID:pve1:0000A1B4:0153F2C5:66A1B2C5:qmstop:100:root@pam:"
 TASK_STOP = f"/nodes/pve1/tasks/{UPID_STOP}/status"
+SHUTDOWN = "/nodes/pve1/qemu/100/status/shutdown"
+UPID_SHUTDOWN = "UPID:pve1:0000A1B6:0153F2C7:66A1B2C7:qmshutdown:100:root@pam:"
+TASK_SHUTDOWN = f"/nodes/pve1/tasks/{UPID_SHUTDOWN}/status"
 
 
 def vm(onboot: int | None = 1, hostpci: str = "mapping=gpu0,pcie=1") -> dict[str, object]:
@@ -212,15 +215,15 @@ def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
     )
 
 
-def test_update_running_vm_onboot_cleared_then_stopped() -> None:
+def test_update_running_vm_onboot_cleared_then_shut_down() -> None:
     store = vm_store(vm())
     api = FakeApi(
         {
             ("GET", CONFIG): store.get,
             ("GET", STATUS): sequence(status("running"), status("stopped")),
             ("PUT", CONFIG): store.put,
-            ("POST", STOP): UPID_STOP,
-            ("GET", TASK_STOP): task_ok(UPID_STOP),
+            ("POST", SHUTDOWN): UPID_SHUTDOWN,
+            ("GET", TASK_SHUTDOWN): task_ok(UPID_SHUTDOWN),
         }
     )
 
@@ -228,9 +231,37 @@ def test_update_running_vm_onboot_cleared_then_stopped() -> None:
     assert noops == []
     execute(commands)
 
-    assert api.writes() == [
+    assert api.writes() == [  # a clean shutdown, never a plain power-off
         ("PUT", CONFIG, {"onboot": 0, "digest": "c0ffee"}),
-        ("POST", STOP, {}),
+        ("POST", SHUTDOWN, {"timeout": 5}),
+    ]
+
+
+def test_update_vm_shutdown_timed_out_then_stopped_said_so(caplog: pytest.LogCaptureFixture) -> None:
+    store = vm_store(vm(onboot=0))
+    timed_out = {
+        "upid": UPID_SHUTDOWN,
+        "status": "stopped",
+        "exitstatus": "VM quit/powerdown failed - got timeout",
+    }
+    api = FakeApi(
+        {
+            ("GET", CONFIG): store.get,
+            ("GET", STATUS): sequence(status("running"), status("stopped")),
+            ("POST", SHUTDOWN): UPID_SHUTDOWN,
+            ("GET", TASK_SHUTDOWN): timed_out,
+            ("POST", STOP): UPID_STOP,
+            ("GET", TASK_STOP): task_ok(UPID_STOP),
+        }
+    )
+
+    commands, _ = park(api)
+    execute(commands)
+
+    assert api.writes() == [("POST", SHUTDOWN, {"timeout": 5}), ("POST", STOP, {})]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"[pve1] VM 100 did not shut down within 5 s (task {UPID_SHUTDOWN}: "
+        "VM quit/powerdown failed - got timeout): stopping it"
     ]
 
 

@@ -39,6 +39,7 @@ TASKS: list[tuple[str, Call]] = [
     ("POST /nodes/pve1/lxc", lambda api: api.create_lxc("pve1", 200, {"hostname": "ct"})),
     ("POST /nodes/pve1/lxc/200/status/start", lambda api: api.start_lxc("pve1", 200)),
     ("POST /nodes/pve1/lxc/200/status/stop", lambda api: api.stop_lxc("pve1", 200)),
+    ("POST /nodes/pve1/lxc/200/status/shutdown", lambda api: api.shutdown_lxc("pve1", 200, 60)),
 ]
 NULL_WRITES: list[tuple[str, Call]] = [
     ("POST /cluster/mapping/pci", lambda api: api.create_mapping(MAPPING)),

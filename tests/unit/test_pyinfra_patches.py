@@ -1,8 +1,11 @@
-"""pvegpu.pyinfra_patches: the same results as the pyinfra functions they replace."""
+"""pvegpu.pyinfra_patches: the same results as the pyinfra functions they replace; paramiko's log (a failed
+handshake's traceback) never on stderr, in pyinfra's debug log instead."""
 
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,3 +74,49 @@ def test_install_is_where_pyinfra_looks(monkeypatch: pytest.MonkeyPatch) -> None
     assert operation.get_operation_order_from_stack is pyinfra_patches.order_from_stack
     assert arguments.all_global_arguments is pyinfra_patches.global_arguments
     assert facts.all_global_arguments is pyinfra_patches.global_arguments
+
+
+# A server that answers the SSH handshake with no banner, as a node whose link or sshd is not back; paramiko's
+# transport thread logs the failure (ERROR, with its traceback) before the caller's connect raises.
+_NO_BANNER = """
+import socket, sys, threading
+import paramiko
+from pyinfra import logger
+if sys.argv[1] == "routed":
+    from pvegpu.pyinfra_patches import route_paramiko_log
+    route_paramiko_log()
+    logger.addHandler(__import__("logging").StreamHandler(sys.stdout))
+    logger.setLevel("DEBUG")
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+def serve():
+    conn, _ = listener.accept()
+    conn.sendall(b"HTTP/1.1 400 Bad Request\\r\\n" * 3)
+    while conn.recv(1024):  # until the client gives up
+        pass
+    conn.close()
+threading.Thread(target=serve).start()
+try:
+    paramiko.SSHClient().connect(
+        "127.0.0.1", listener.getsockname()[1], banner_timeout=1, look_for_keys=False, allow_agent=False
+    )
+except paramiko.SSHException as error:
+    print("raised:", error)
+for thread in threading.enumerate():
+    if thread is not threading.main_thread():
+        thread.join(10)
+"""
+
+
+@pytest.mark.parametrize("routed", [False, True], ids=["paramiko-alone", "routed"])
+def test_paramiko_handshake_failure_is_not_printed_on_stderr(routed: bool) -> None:
+    argv = [sys.executable, "-c", _NO_BANNER, "routed" if routed else "alone"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+
+    assert done.stdout.endswith("raised: Error reading SSH protocol banner\n")
+    if routed:
+        assert done.stderr == ""
+        assert "[paramiko.transport] Exception (client): Error reading SSH protocol banner\n" in done.stdout
+    else:  # what pyinfra's CLI printed for every reconnect attempt: Python's last-resort handler
+        assert done.stderr.startswith("Exception (client): Error reading SSH protocol banner\nTraceback")

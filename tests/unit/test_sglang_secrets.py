@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from lab import guest_payload
 from lab.standins.sglang_serve import merge_config
 from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
 from pvegpu.models.secret_file import SecretFile, SecretFileKind, secret_file_problems
@@ -180,3 +184,81 @@ def test_config_script_writes_the_logging_config_that_hides_server_args(tmp_path
         "engine warning",
         "Load weight end",
     ]
+
+
+ADMIN_KEY = "adm1n-Not/Printed"
+INFO = """
+import json, sys, time, urllib.request
+url, key = sys.argv[1], sys.argv[2]
+for _ in range(100):
+    try:
+        request = urllib.request.Request(url + "/server_info", headers={"Authorization": "Bearer " + key})
+        print(urllib.request.urlopen(request, timeout=5).read().decode())
+        break
+    except OSError:
+        time.sleep(0.1)
+"""
+
+
+def _server_info(tmp_path: Path, via_script: bool) -> dict[str, object]:
+    """`/server_info` of the lab's stand-in SGLang (its wheel's modules, laid out as SGLang's) started with
+    both keys in the `--config` file, by pvegpu's script (`python SCRIPT serve ...`) or by `sglang serve`."""
+    with zipfile.ZipFile(guest_payload.wheel(tmp_path)) as wheel:
+        wheel.extractall(tmp_path / "site")
+    (tmp_path / "model").mkdir()
+    config = tmp_path / "secrets.yaml"
+    config.write_text(f"api-key: {json.dumps(KEY)}\nadmin-api-key: {json.dumps(ADMIN_KEY)}\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = ["serve", "--model-path", str(tmp_path / "model"), "--port", str(port), "--config", str(config)]
+    script = tmp_path / "sglang-secrets.py"
+    script.write_text(render("sglang/sglang-secrets.py.j2", user="sglang", config=str(config), options=[]))
+    command = [str(script)] if via_script else ["-m", "sglang.cli.main"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    with subprocess.Popen([sys.executable, *command, *argv], env=env, stderr=subprocess.DEVNULL) as server:
+        try:
+            answer = subprocess.run(
+                [sys.executable, "-c", INFO, f"http://127.0.0.1:{port}", KEY],
+                capture_output=True, text=True, check=True, timeout=30,
+            )  # fmt: skip
+        finally:
+            server.kill()
+    info: dict[str, object] = json.loads(answer.stdout)
+    return info
+
+
+def test_without_the_script_server_info_shows_both_keys_to_the_api_key(tmp_path: Path) -> None:
+    info = _server_info(tmp_path, via_script=False)
+    assert (info["api_key"], info["admin_api_key"]) == (KEY, ADMIN_KEY)
+    assert f"--api-key {KEY} --admin-api-key {ADMIN_KEY}" in str(info["launch_command"])
+
+
+def test_serving_through_the_script_blanks_the_keys_in_server_info(tmp_path: Path) -> None:
+    info = _server_info(tmp_path, via_script=True)
+    assert (info["api_key"], info["admin_api_key"]) == ("<redacted>", "<redacted>")
+    words = str(info["launch_command"]).split()
+    assert words[:5] == ["--api-key", "<redacted>", "--admin-api-key", "<redacted>", "--model-path"]
+    assert KEY not in json.dumps(info)
+    assert ADMIN_KEY not in json.dumps(info)
+
+
+def test_script_does_not_start_an_sglang_it_cannot_keep_from_showing_the_keys(tmp_path: Path) -> None:
+    with zipfile.ZipFile(guest_payload.wheel(tmp_path)) as wheel:
+        wheel.extractall(tmp_path / "site")
+    (tmp_path / "site/sglang/srt/entrypoints/http_server.py").write_text(
+        "from sglang.cli.main import launch_server\n"
+    )
+    (tmp_path / "model").mkdir()
+    script = tmp_path / "sglang-secrets.py"
+    script.write_text(render("sglang/sglang-secrets.py.j2", user="sglang", config="/c.yaml", options=[]))
+    done = subprocess.run(
+        [sys.executable, str(script), "serve", "--model-path", str(tmp_path / "model"), "--api-key", KEY],
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True, text=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (
+        "pvegpu: sglang.srt.entrypoints.http_server has no redact_watermark_secrets (another SGLang "
+        "version?): /server_info would show the API keys; not started\n"
+    )

@@ -1,0 +1,40 @@
+"""What runs on a Proxmox node, as its API lists it: the guests (`GET /nodes/{node}/qemu`, `/lxc`) and the
+HA services (`GET /cluster/ha/status/current`). Read only before a reboot pvegpu triggers
+(pvegpu/facts/node_guests.py); decided on by pvegpu/plan/reboot.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class NodeGuest:
+    """One entry of a node's guest list: `kind` `VM` (qemu) or `CT` (lxc), `status` as Proxmox says it
+    (`running`, `stopped`), `name` (a VM's `name` or `VM <vmid>`, a CT's hostname or `CT<vmid>`)."""
+
+    kind: Literal["VM", "CT"]
+    vmid: int
+    name: str
+    status: str
+
+
+@dataclass(frozen=True)
+class HaService:
+    """One `service` entry of the HA status: `sid` (`vm:100`, `ct:101`), the `node` it is placed on, the
+    requested state (`request_state`: started, stopped, disabled, ignored) and the CRM's verbose `state`."""
+
+    sid: str
+    node: str | None
+    request_state: str | None
+    state: str | None
+
+
+@dataclass(frozen=True)
+class NodeGuests:
+    """The node's guests and the cluster's HA services; `problem`: why they could not be listed (then the
+    lists are empty and a reboot is refused)."""
+
+    guests: tuple[NodeGuest, ...] = ()
+    ha: tuple[HaService, ...] = ()
+    problem: str | None = None

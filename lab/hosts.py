@@ -154,7 +154,16 @@ def login_key(host: LabHost) -> Path:
     the login key pvegpu generated for it (the lab inventory names the VM as the lab names its guest)."""
     if host.host_key_recorded:
         return host.key
-    return known_hosts_path().parent / GUEST_KEYS_DIR / f"{host.name}_login_ed25519"
+    node, vmid = _guest_of(host.name)
+    folder = known_hosts_path().parent / GUEST_KEYS_DIR
+    found = sorted(folder.glob(f"*/{node}-{vmid}_login_ed25519")) if node else []
+    return found[0] if len(found) == 1 else folder / node / f"{node}-{vmid}_login_ed25519"
+
+
+def _guest_of(name: str) -> tuple[str, str]:
+    """(node, vmid) of the guest the lab names `<node>v<vmid>`; ("", "") for another name."""
+    matched = re.fullmatch(r"(.+)v(\d+)", name)
+    return (matched[1], matched[2]) if matched else ("", "")
 
 
 def ssh_argv(host: LabHost, *command: str) -> list[str]:
@@ -254,8 +263,9 @@ def down(name: str) -> bool:
     return found
 
 
-# pvegpu's key files for the guest of VM <vmid> on node <name> (pvegpu/guest_keys.py), named after the VM,
-# which the lab inventory names `<node>v<vmid>` as the lab names the guest host.
+# pvegpu's key files for the guest of VM <vmid> on node <name> (pvegpu/guest_keys.py):
+# guest-keys/<cluster>/<name>-<vmid>_ed25519 and the like, the cluster folder being the node's name for the
+# lab's standalone nodes (any folder counts: a test may give its inventory a cluster).
 GUEST_KEYS_DIR = "guest-keys"
 
 
@@ -264,9 +274,9 @@ def _forget_guest_keys(name: str) -> set[str]:
     the same name later gets new VMs, which must not be trusted with the old keys); the public host keys
     removed, whose known_hosts lines go too."""
     folder = known_hosts_path().parent / GUEST_KEYS_DIR
-    pattern = re.compile(rf"{re.escape(name)}v\d+(_login)?_ed25519(\.pub)?|{re.escape(name)}v\d+\.address")
+    pattern = re.compile(rf"{re.escape(name)}-\d+(_login)?_ed25519(\.pub)?|{re.escape(name)}-\d+\.address")
     forgotten: set[str] = set()
-    for path in sorted(folder.glob(f"{name}v*")) if folder.is_dir() else []:
+    for path in sorted(folder.glob(f"*/{name}-*")) if folder.is_dir() else []:
         if not pattern.fullmatch(path.name):
             continue
         if path.name.endswith("_ed25519.pub") and "_login" not in path.name:

@@ -6,8 +6,8 @@ exit status 2 and `<host>: <key>.<field>: message` lines, before it connects any
 
 `guests_of(pve_nodes, data)` derives the guest host of every node whose VM is made from a cloud image
 (`vm.image`): named after the VM, reached at its static address or the DHCP address pvegpu recorded, as
-`vm.user` with the login key pvegpu generated for it, and the node's SSH settings that are not the node's
-own (config, known_hosts, strictness).
+`vm.user` with the login key pvegpu generated for it (its files keyed by the node's cluster, node and vmid:
+`guest_place`), and the node's SSH settings that are not the node's own (config, known_hosts, strictness).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from typing import cast
 
 from pvegpu.guest_keys import (
     GuestKeyError,
+    GuestPlace,
     address_file,
+    adopt_name_keyed_files,
     host_key_files,
     known_host_recorded,
     login_key_files,
@@ -36,6 +38,7 @@ from pvegpu.models.inventory import (
     exit_on_invalid,
     spec_of,
 )
+from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.vm import VM_KEY, VmSpec
 from pvegpu.plan.cloud_init import static_address
@@ -97,7 +100,9 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
     whose sshd does not answer (its VM stopped: a profile switch back to `vm`) is left out, with one
     `info:` line on stderr: the run that creates (or starts) the VM records them, the next run includes it
     (pyinfra opens every host's connection before the first operation). Exit status 2 for two nodes with
-    the same VM name, a `data` key guests_of sets itself, or an unusable address file.
+    the same VM name, a `data` key guests_of sets itself, an unusable address file, or files of an earlier
+    pvegpu (named after the VM) that differ from those at the guest's place (`adopt_name_keyed_files`, which
+    moves them there otherwise).
     `data["node"]` adds keys to the guest's `node` (not its name, profile or GPUs, which are the VM's).
     """
     extra = dict(data or {})
@@ -127,13 +132,15 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
             )
             continue
         node_of_guest[vm.name.lower()] = node_host
+        place = guest_place(node_data, vm)
         try:
-            address = _address(node_host, node_data, vm)
+            adopt_name_keyed_files(Path(str(node_data[KNOWN_HOSTS_KEY])), place, vm.name)
+            address = _address(node_host, node_data, vm, place)
         except GuestKeyError as error:
             problems.append(f"{node_host}: {VM_KEY}: {error}")
             continue
         if address is not None:
-            guest = _guest_data(node_data, vm, address, node_extra)
+            guest = _guest_data(node_data, vm, place, address, node_extra)
             guests.append((vm.name, {**guest, GUEST_OF_KEY: node_host, **extra}))
     if problems:
         for line in problems:
@@ -142,14 +149,21 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
     return exit_on_invalid_guests(guests)
 
 
-def _address(node_host: str, node_data: Mapping[str, object], vm: VmSpec) -> str | None:
+def guest_place(node_data: Mapping[str, object], vm: VmSpec) -> GuestPlace:
+    """Where the guest of the node with (validated) `node_data` is, for its key and address files: the
+    node's `pve.cluster` and `pve.owner`, its `node.name` and `vm.vmid`."""
+    pve = spec_of(node_data, PVE_KEY, PveApiSpec)
+    return GuestPlace(pve.cluster, pve.owner, spec_of(node_data, NODE_KEY, NodeSpec).name, vm.vmid)
+
+
+def _address(node_host: str, node_data: Mapping[str, object], vm: VmSpec, place: GuestPlace) -> str | None:
     """The guest's address once pvegpu has made its VM: its key pair exists, its address is known (static,
     or recorded for DHCP) and known_hosts has its key there. Else None, with an info line saying why."""
     known_hosts = Path(str(node_data[KNOWN_HOSTS_KEY]))
-    private, public = host_key_files(known_hosts, vm.name)
+    private, public = host_key_files(known_hosts, place)
     address = static_address(vm.ipconfig)
     why = None
-    login, _ = login_key_files(known_hosts, vm.name)
+    login, _ = login_key_files(known_hosts, place)
     if not (private.exists() and public.exists() and login.exists()):
         why = f"its keys in {private.parent} do not exist yet (made when pvegpu creates the VM)"
     elif address is None and (address := recorded_address(private)) is None:
@@ -185,10 +199,14 @@ def _answers(address: str, port: int = 22) -> bool:
 
 
 def _guest_data(
-    node_data: Mapping[str, object], vm: VmSpec, address: str, node_extra: Mapping[str, object]
+    node_data: Mapping[str, object],
+    vm: VmSpec,
+    place: GuestPlace,
+    address: str,
+    node_extra: Mapping[str, object],
 ) -> dict[str, object]:
     gpus = spec_of(node_data, NODE_KEY, NodeSpec).gpus.model_dump(mode="json")
-    login, _ = login_key_files(Path(str(node_data[KNOWN_HOSTS_KEY])), vm.name)
+    login, _ = login_key_files(Path(str(node_data[KNOWN_HOSTS_KEY])), place)
     guest: dict[str, object] = {"ssh_hostname": address, "ssh_user": vm.user, "ssh_key": str(login)}
     if vm.user != "root":
         guest["_sudo"] = True

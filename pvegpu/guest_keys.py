@@ -1,34 +1,51 @@
 """The operator's-machine side of a cloud-image guest's identity: its SSH host key pair, the known_hosts
 line pyinfra checks it against, and (DHCP) the address the guest agent reported.
 
-Files, beside the known_hosts file of the node's inventory data (`ssh_known_hosts_file`):
+Files, beside the known_hosts file of the node's inventory data (`ssh_known_hosts_file`), one folder per
+cluster and one stem per guest (`GuestPlace`), so two inventories sharing that directory never share a
+guest's keys or address:
 
-    <dir>/guest-keys/<vm name>_ed25519       the guest's private host key, OpenSSH format, 0600, never printed
-    <dir>/guest-keys/<vm name>_ed25519.pub   its public half (`ssh-ed25519 <base64>`)
-    <dir>/guest-keys/<vm name>_login_ed25519 the key pyinfra logs in to the guest with (its public half is in
-                                             the guest's authorized_keys through cloud-init), 0600
-    <dir>/guest-keys/<vm name>.address       a DHCP guest's address, as the guest agent reported it
+    <dir>/guest-keys/<scope>/<node>-<vmid>_ed25519        the guest's private host key, OpenSSH, 0600, never
+                                                          printed
+    <dir>/guest-keys/<scope>/<node>-<vmid>_ed25519.pub    its public half (`ssh-ed25519 <base64>`)
+    <dir>/guest-keys/<scope>/<node>-<vmid>_login_ed25519  the key pyinfra logs in to the guest with (its
+                                                          public half is in the guest's authorized_keys
+                                                          through cloud-init), 0600
+    <dir>/guest-keys/<scope>/<node>-<vmid>.address        a DHCP guest's address, as the guest agent reported
+
+`<scope>` is `pve.cluster` (a standalone node: its `node.name`), as `<pve.owner>@<cluster>` when the
+inventory's owner id (pvegpu.plan.ownership.owner_id) is not that: two inventories managing one cluster need
+different owners, and neither may log in to the other's guest. Folders are 0700.
+
+An earlier pvegpu named the files after the VM (`<dir>/guest-keys/<vm name>_ed25519`, ...):
+`adopt_name_keyed_files` moves them to the new names on first use (a rename: same file, same 0600), never
+generating new ones, since the guest's sshd still has that host key.
 
 Every file is written whole or not at all (`pvegpu.local_files.write_whole`): a cut or a full disk leaves the
 old file, and a failed write is one LocalWriteError line naming the file. `record_known_host` replaces only
-the lines for one address; every other line stays as it was.
-"""
+the lines for one address; every other line stays as it was."""
 
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import hmac
 import ipaddress
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from pvegpu.local_files import write_whole
+from pvegpu.plan.ownership import owner_id
 
 GUEST_KEYS_DIR = "guest-keys"
 _KEY_SUFFIX = "_ed25519"
+_LOGIN = "_login"
+_ADDRESS_SUFFIX = ".address"
 _PRIVATE_MODE = 0o600
 _PUBLIC_MODE = 0o644
 _DIRECTORY_MODE = 0o700
@@ -39,22 +56,113 @@ class GuestKeyError(Exception):
     """A guest key or address file that pvegpu will not use (too open, not ed25519, not an address)."""
 
 
-def host_key_files(known_hosts: Path | str, vm_name: str) -> tuple[Path, Path]:
-    """(private, public) key file paths of the guest `vm_name` whose host key goes into `known_hosts`."""
-    directory = _expanded(known_hosts).parent / GUEST_KEYS_DIR
-    private = directory / f"{vm_name}{_KEY_SUFFIX}"
-    return private, private.with_name(private.name + ".pub")
+@dataclass(frozen=True)
+class GuestPlace:
+    """Which guest a key or address file is of: the inventory's `pve.cluster` (None: a standalone node) and
+    `pve.owner` (None: the default), the node's name and the guest's vmid."""
+
+    cluster: str | None
+    owner: str | None
+    node: str
+    vmid: int
+
+    @property
+    def scope(self) -> str:
+        """The folder of this inventory's cluster in guest-keys (module docstring)."""
+        cluster = self.cluster or self.node
+        owner = owner_id(self.owner, self.cluster, self.node)
+        return cluster if owner == cluster else f"{owner}@{cluster}"
+
+    @property
+    def stem(self) -> str:
+        """`<node>-<vmid>`: the guest's files' name within its scope."""
+        return f"{self.node}-{int(self.vmid)}"
 
 
-def login_key_files(known_hosts: Path | str, vm_name: str) -> tuple[Path, Path]:
-    """(private, public) paths of the key pyinfra logs in to guest `vm_name` with."""
-    private, _ = host_key_files(known_hosts, f"{vm_name}_login")
-    return private, private.with_name(private.name + ".pub")
+def guest_keys_directory(known_hosts: Path | str) -> Path:
+    """`<dir of known_hosts>/guest-keys` (`~` expanded, as pyinfra reads `ssh_known_hosts_file`)."""
+    return _expanded(known_hosts).parent / GUEST_KEYS_DIR
+
+
+def host_key_files(known_hosts: Path | str, place: GuestPlace) -> tuple[Path, Path]:
+    """(private, public) key file paths of the guest at `place` whose host key goes into `known_hosts`."""
+    private = guest_keys_directory(known_hosts) / place.scope / f"{place.stem}{_KEY_SUFFIX}"
+    return private, _public(private)
+
+
+def login_key_files(known_hosts: Path | str, place: GuestPlace) -> tuple[Path, Path]:
+    """(private, public) paths of the key pyinfra logs in to the guest at `place` with."""
+    private = guest_keys_directory(known_hosts) / place.scope / f"{place.stem}{_LOGIN}{_KEY_SUFFIX}"
+    return private, _public(private)
 
 
 def address_file(private_key: Path) -> Path:
-    """Where a DHCP guest's address is recorded: `<vm name>.address` beside its key."""
-    return private_key.with_name(private_key.name.removesuffix(_KEY_SUFFIX) + ".address")
+    """Where a DHCP guest's address is recorded: `<node>-<vmid>.address` beside its host key."""
+    return private_key.with_name(private_key.name.removesuffix(_KEY_SUFFIX) + _ADDRESS_SUFFIX)
+
+
+def adopt_name_keyed_files(known_hosts: Path | str, place: GuestPlace, vm_name: str) -> list[Path]:
+    """Move the files an earlier pvegpu kept for VM `vm_name` (`guest-keys/<vm name>_ed25519`, its `.pub`,
+    `_login_ed25519`, its `.pub`, `.address`) to `place`'s names; the new paths moved to, in that order.
+
+    A rename keeps the file and its mode; a file already at the new path with the same content makes the
+    old one a leftover copy, removed. GuestKeyError, before anything is moved, when both exist and differ:
+    which one the guest has is not pvegpu's to guess; GuestKeyError naming both for a move that failed."""
+    directory = guest_keys_directory(known_hosts)
+    host_private, host_public = host_key_files(known_hosts, place)
+    login_private, login_public = login_key_files(known_hosts, place)
+    old = directory / f"{vm_name}{_KEY_SUFFIX}"
+    old_login = directory / f"{vm_name}{_LOGIN}{_KEY_SUFFIX}"
+    pairs = [
+        (old, host_private),
+        (_public(old), host_public),
+        (old_login, login_private),
+        (_public(old_login), login_public),
+        (address_file(old), address_file(host_private)),
+    ]
+    pairs = [(source, target) for source, target in pairs if source.exists()]
+    for source, target in pairs:
+        if target.exists() and target.read_bytes() != source.read_bytes():
+            raise GuestKeyError(
+                f"{source} (an earlier pvegpu's, named after the VM) and {target} both exist and differ; "
+                "keep the one the guest was made with and delete the other"
+            )
+    moved: list[Path] = []
+    for source, target in pairs:
+        try:
+            if target.exists():
+                source.unlink()  # the same bytes: a copy left by a move that was cut before the unlink
+                continue
+            _make_directory(target.parent)
+            _move(source, target)
+        except OSError as error:
+            raise GuestKeyError(f"{source}: not moved to {target}: {error.strerror or error}") from None
+        moved.append(target)
+    return moved
+
+
+def _move(source: Path, target: Path) -> None:
+    """Rename `source` to `target` without replacing a file there: a hard link, then the old name unlinked
+    (a cut leaves both names of one file, which the next run takes as a copy); a plain rename where the
+    filesystem has no hard links."""
+    try:
+        os.link(source, target)
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        os.rename(source, target)
+        return
+    source.unlink()
+
+
+def _make_directory(scope: Path) -> None:
+    """`scope` and the guest-keys folder above it, both 0700 when made here."""
+    scope.parent.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+    scope.mkdir(mode=_DIRECTORY_MODE, exist_ok=True)
+
+
+def _public(private_key: Path) -> Path:
+    return private_key.with_name(private_key.name + ".pub")
 
 
 def ensure_key_pair(private_key: Path) -> tuple[str, str]:
@@ -78,11 +186,11 @@ def ensure_key_pair(private_key: Path) -> tuple[str, str]:
         text = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         ).decode()
-        private_key.parent.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
+        _make_directory(private_key.parent)
         write_whole(private_key, text, _PRIVATE_MODE)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     line = public.decode()
-    public_file = private_key.with_name(private_key.name + ".pub")
+    public_file = _public(private_key)
     if not public_file.exists() or public_file.read_text() != line + "\n":
         write_whole(public_file, line + "\n", _PUBLIC_MODE)
     return text, line

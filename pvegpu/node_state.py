@@ -27,11 +27,11 @@ from pyinfra.facts.files import Sha256File
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
-from pvegpu.facts.node_state import STORAGE_CFG, NodeRead, NodeState, NodeStateRequest
+from pvegpu.facts.node_state import STORAGE_CFG, ImageDigest, NodeRead, NodeState, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
 from pvegpu.models.host_driver import HostDriverState
 from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
-from pvegpu.models.vm import VM_KEY, VmSpec
+from pvegpu.models.vm import VM_KEY, ImageUrl, VmSpec
 from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
 from pvegpu.run_progress import commands_run
 
@@ -48,7 +48,10 @@ def _greenlet_lock() -> AbstractContextManager[object]:
 def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
     """The read of a node with the `node` settings: every file the node's operations decide from; with `vm`,
     also its config, storage.cfg, the PCI mappings and its QEMU process (pidfile, command line, state), the
-    API's answers for which pvegpu/facts/pve_files.py computes."""
+    API's answers for which pvegpu/facts/pve_files.py computes; with a `vm.image` URL, the digest of the
+    image file in each storage's `import/` while the VM does not exist (`image_downloaded` checks a volume
+    there)."""
+    image = None if vm is None else vm.image
     return NodeStateRequest(
         sysfs_root=str(node.sysfs_root),
         cmdline_path=str(node.cmdline_path),
@@ -57,6 +60,8 @@ def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
         sha256_paths=(BUNDLE_PATH,),
         pve_files=() if vm is None else (vm_config_path(node.name, vm.vmid), STORAGE_CFG, MAPPING_CFG),
         vmids=() if vm is None else (vm.vmid,),
+        image_files=((image.checksum_algorithm, image.stored_name),) if isinstance(image, ImageUrl) else (),
+        image_unless=None if vm is None else vm_config_path(node.name, vm.vmid),
     )
 
 
@@ -111,3 +116,12 @@ def node_file_sha256(target: Host, path: str) -> str | None:
     if state is not None and state.covers(path):
         return state.sha256(path)
     return target.get_fact(Sha256File, path=path)
+
+
+def node_image_digest(target: Host, path: str, algorithm: str) -> str | None:
+    """The `algorithm` digest of the image file at `path` on node `target` (None: no such file): from the
+    node's state read when it hashed `path` so and nothing changed since, else read on its own."""
+    state = unchanged_node_state(target)
+    if state is not None and state.image_algorithms.get(path) == algorithm:
+        return state.image_digest(path, algorithm)
+    return target.get_fact(ImageDigest, path=path, algorithm=algorithm)

@@ -644,6 +644,8 @@ class PveClient:
                 content=tuple(c for c in _text_of(values, "content").split(",") if c),
                 path=None if path is None else str(path),
                 digest=_text_of(values, "digest"),
+                type=str(values.get("type", "")),
+                shared=values.get("shared") in (1, "1", True),
             )
 
         return self._read(f"/storage/{storage}", {}, parse)

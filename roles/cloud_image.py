@@ -14,7 +14,15 @@ from pathlib import Path
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.guest_keys import GuestKeyError, ensure_key_pair, host_key_files, login_key_files
+from pvegpu.guest_keys import (
+    GuestKeyError,
+    GuestPlace,
+    adopt_name_keyed_files,
+    ensure_key_pair,
+    host_key_files,
+    login_key_files,
+)
+from pvegpu.host_plan import plan_of
 from pvegpu.local_files import LocalWriteError
 from pvegpu.models.pve import GuestConfig
 from pvegpu.models.vm import ImageUrl, VmSpec
@@ -34,6 +42,12 @@ def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> Gu
     image = spec.image
     assert image is not None  # the VM role calls this only for a VM with an image
     known_hosts = Path(str(host.data.get("ssh_known_hosts_file")))  # required with vm.image (inventory)
+    pve = plan_of(host).specs.pve
+    place = GuestPlace(pve.cluster, pve.owner, node, spec.vmid)  # its files are this cluster's guest's
+    try:
+        adopt_name_keyed_files(known_hosts, place, spec.name)  # never a new key for a guest that has one
+    except GuestKeyError as error:
+        raise OperationError(f"{host.name}: guest {spec.name}: {error}") from None
     volid = image_volid(spec)
     current = _config(api, node, spec.vmid)
     if current is not None and left_by_a_create(current.values):
@@ -53,10 +67,10 @@ def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> Gu
             algorithm=image.checksum_algorithm if isinstance(image, ImageUrl) else None,
             timeout_s=timeout_s,
         )
-    private, _ = host_key_files(known_hosts, spec.name)
+    private, _ = host_key_files(known_hosts, place)
     try:
         key_text, public_line = ensure_key_pair(private)
-        _, login_public = ensure_key_pair(login_key_files(known_hosts, spec.name)[0])
+        _, login_public = ensure_key_pair(login_key_files(known_hosts, place)[0])
     except (GuestKeyError, LocalWriteError) as error:
         raise OperationError(f"{host.name}: guest {spec.name}: {error}") from None
     snippet_file(

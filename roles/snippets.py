@@ -7,6 +7,7 @@ from __future__ import annotations
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
+from pvegpu.models.pve import StorageConfig
 from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.operations.cloud_image import storage_content
 from pvegpu.pve import PveClient, PveError
@@ -33,10 +34,20 @@ def storages_offer(api: PveClient, spec: VmSpec) -> None:
 def snippets_directory(api: PveClient, storage: str) -> str:
     """The directory of `vm.snippets_storage` `storage` (`<path>/snippets`); OperationError naming the
     field for a storage without one."""
+    return directory_of(snippets_storage(api, storage))
+
+
+def snippets_storage(api: PveClient, storage: str) -> StorageConfig:
+    """`vm.snippets_storage` `storage`'s config; OperationError naming the field when it cannot be read."""
     try:
-        path = api.storage(storage).path
+        return api.storage(storage)
     except PveError as error:
         raise OperationError(f"{host.name}: vm.snippets_storage {storage}: {error.line}") from None
+
+
+def directory_of(config: StorageConfig) -> str:
+    """snippets_directory of a storage config already read (the hook's role also checks it is local)."""
+    storage, path = config.storage, config.path
     if path is None:
         raise OperationError(
             f"{host.name}: vm.snippets_storage {storage} has no directory (snippets need a dir-like storage)"

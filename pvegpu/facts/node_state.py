@@ -13,7 +13,10 @@ The parts, in order, each opened by a line `#pvegpu-node:<part>` and parsed by t
 - `sha256`: per fixed path of the request a line `path <path>` and its sha256 when it is a file; then, per
   storage directory in /etc/pve/storage.cfg (and /var/lib/vz, the `local` storage Proxmox assumes without
   that file), a line `dir <path>/snippets` and the sha256 of each `pvegpu-*` file in it: pvegpu's user-data
-  snippets and hookscript, wherever `vm.snippets_storage` points, without asking the API first;
+  snippets and hookscript, wherever `vm.snippets_storage` points, without asking the API first; and per
+  image file the request names (while its `image_unless` file does not exist: the VM's config, as the image is
+  read only to create the VM) a line `image <algorithm> <path>/import/<file>` and that file's digest when it
+  is a file: the check of an image volume already there (pvegpu/operations/cloud_image.py);
 - `pve`, only when the request names Proxmox config files (the VM's config, storage.cfg): per file a line
   `<base64 of its content>\t<path>`, or `missing\t<path>` (not a readable regular file), from which
   pvegpu/facts/pve_files.py computes the API's answers;
@@ -60,6 +63,9 @@ SNIPPET_PREFIX = "pvegpu-"
 _SHA256_LINE = re.compile(r"([0-9a-f]{64})  (/.*)")
 _DIR_LINE = re.compile(r"dir (/.*)")
 _PATH_LINE = re.compile(r"path (/.*)")
+_IMAGE_LINE = re.compile(r"image (sha256|sha384|sha512) (/.*)")
+_DIGEST_LINE = re.compile(r"([0-9a-f]+)  (/.*)")
+IMAGE_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ class NodeStateRequest:
     sha256_paths: tuple[str, ...] = ()
     pve_files: tuple[str, ...] = ()
     vmids: tuple[int, ...] = ()
+    # (algorithm, file name) of image files hashed in each storage's `import/`, unless `image_unless` exists.
+    image_files: tuple[tuple[str, str], ...] = ()
+    image_unless: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,17 @@ class NodeState:
     snippet_dirs: tuple[str, ...]
     pve_files: Mapping[str, bytes | None] = field(default_factory=dict)
     qemu_processes: Mapping[int, QemuProcess] = field(default_factory=dict)
+    image_algorithms: Mapping[str, str] = field(default_factory=dict)  # path -> algorithm it was hashed with
+    image_digests: Mapping[str, str] = field(default_factory=dict)
+
+    def image_digest(self, path: str, algorithm: str) -> str | None:
+        """The `algorithm` digest of the image file at `path` (None: no such file). KeyError when the read did
+        not hash `path` with `algorithm`."""
+        if self.image_algorithms.get(path) != algorithm:
+            raise KeyError(
+                f"{path} ({algorithm}) is not in the node state read (pvegpu.node_state.node_request)"
+            )
+        return self.image_digests.get(path)
 
     def covers(self, path: str) -> bool:
         """Whether the read looked for `path`: a fixed path, or a `pvegpu-*` file in a snippets directory."""
@@ -116,7 +136,9 @@ def node_read_command(request: NodeStateRequest) -> str:
         "boot": node_boot_command(),
         "driver": HostDriverFiles().command(request.driver_files, request.driver_units),
         "cmdline": KernelCmdline().command(request.cmdline_path),
-        "sha256": files_sha256_command(request.sha256_paths),
+        "sha256": files_sha256_command(
+            request.sha256_paths, images=request.image_files, images_unless=request.image_unless
+        ),
         **({"pve": pve_files_command(request.pve_files)} if request.pve_files else {}),
         **({"qemu": qemu_processes_command(request.vmids)} if request.vmids else {}),
     }
@@ -126,16 +148,30 @@ def node_read_command(request: NodeStateRequest) -> str:
     return "\n".join([*lines, f"echo {shlex.quote(PART_MARKER + 'end')}"])
 
 
-def files_sha256_command(paths: Sequence[str], storage_cfg: str = STORAGE_CFG) -> str:
-    """The `sha256` part (module docstring): `paths`, then pvegpu's files in each storage's snippets dir."""
+def files_sha256_command(
+    paths: Sequence[str],
+    storage_cfg: str = STORAGE_CFG,
+    images: Sequence[tuple[str, str]] = (),
+    images_unless: str | None = None,
+) -> str:
+    """The `sha256` part (module docstring): `paths`, then pvegpu's files in each storage's snippets dir and
+    the `images` ((algorithm, file name)) in its import dir, unless the file `images_unless` exists."""
     fixed = " ".join(shlex.quote(path) for path in paths)
+    hashed = "".join(
+        f'  p="$d"/import/{shlex.quote(name)}; echo "image {algorithm} $p"; '
+        f'if [ -f "$p" ]; then {algorithm}sum -- "$p"; fi\n'
+        for algorithm, name in images
+        if algorithm in IMAGE_DIGEST_HEX  # the only digests the parser takes: nothing else lands in a command
+    )
+    if hashed and images_unless is not None:
+        hashed = f"  if [ ! -e {shlex.quote(images_unless)} ]; then\n{hashed}  fi\n"
     return (
         f'for f in {fixed}; do echo "path $f"; if [ -f "$f" ]; then sha256sum -- "$f"; fi; done\n'
         f'{{ echo {DEFAULT_STORAGE_DIR}; awk \'$1 == "path" {{ sub(/^[ \\t]*path[ \\t]+/, ""); print }}\' '
         f"{shlex.quote(storage_cfg)} 2>/dev/null; }} | sort -u | while IFS= read -r d; do\n"
         '  echo "dir $d/snippets"\n'
         f'  for f in "$d"/snippets/{SNIPPET_PREFIX}*; do if [ -f "$f" ]; then sha256sum -- "$f"; fi; done\n'
-        "done"
+        f"{hashed}done"
     )
 
 
@@ -166,7 +202,7 @@ def qemu_processes_command(vmids: Sequence[int], run_dir: str = QEMU_RUN_DIR) ->
 def parse_node_state(lines: Sequence[str]) -> NodeState:
     """The read's output -> NodeState. Pure; FactParseError naming the part that is missing or malformed."""
     parts = _split_parts(lines)
-    hashes, fixed, dirs = _parse_sha256(parts["sha256"])
+    hashes, fixed, dirs, images = _parse_sha256(parts["sha256"])
     return NodeState(
         hardware=parse_hardware(fact_errors(unpacked)(parts["hardware"], "node state hardware")),
         cpu_kernel=parse_cpu_kernel(parts["cpu"]),
@@ -179,6 +215,8 @@ def parse_node_state(lines: Sequence[str]) -> NodeState:
         snippet_dirs=dirs,
         pve_files=_parse_pve_files(parts.get("pve", [])),
         qemu_processes=parse_qemu_processes(parts.get("qemu", [])),
+        image_algorithms=images[0],
+        image_digests=images[1],
     )
 
 
@@ -205,12 +243,27 @@ def _split_parts(lines: Sequence[str]) -> dict[str, list[str]]:
     return parts
 
 
-def _parse_sha256(lines: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+_Images = tuple[dict[str, str], dict[str, str]]  # path -> algorithm; path -> digest
+
+
+def _parse_sha256(
+    lines: Sequence[str],
+) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...], _Images]:
     hashes: dict[str, str] = {}
     fixed: list[str] = []
     dirs: list[str] = []
+    algorithms: dict[str, str] = {}
+    digests: dict[str, str] = {}
+    image: str | None = None  # the path of the `image` line just read: its digest line may follow
     for line in lines:
-        if match := _SHA256_LINE.fullmatch(line):
+        last, image = image, None
+        if match := _IMAGE_LINE.fullmatch(line):
+            algorithms[image := match[2]] = match[1]
+        elif last is not None and (match := _DIGEST_LINE.fullmatch(line)) and match[2] == last:
+            if len(match[1]) != IMAGE_DIGEST_HEX[algorithms[last]]:
+                raise FactParseError(f"node state sha256: not a {algorithms[last]} digest: {line!r}")
+            digests[last] = match[1]
+        elif match := _SHA256_LINE.fullmatch(line):
             hashes[match[2]] = match[1]
         elif match := _PATH_LINE.fullmatch(line):
             fixed.append(match[1])
@@ -218,7 +271,7 @@ def _parse_sha256(lines: Sequence[str]) -> tuple[dict[str, str], tuple[str, ...]
             dirs.append(match[1])
         elif line.strip():
             raise FactParseError(f"node state sha256: unexpected line {line!r}")
-    return hashes, tuple(fixed), tuple(dirs)
+    return hashes, tuple(fixed), tuple(dirs), (algorithms, digests)
 
 
 def _parse_pve_files(lines: Sequence[str]) -> dict[str, bytes | None]:
@@ -260,3 +313,29 @@ class NodeRead(FactBase[NodeState]):
     @override
     def process(self, output: list[str]) -> NodeState:
         return parse_node_state(output)
+
+
+class ImageDigest(FactBase[str | None]):
+    """`host.get_fact(ImageDigest, path=..., algorithm=...)`: the `algorithm` (sha256, sha384, sha512)
+    digest of the image file at `path` (None: not a file), for an image the node read did not hash."""
+
+    @override
+    def command(self, path: str, algorithm: str) -> str:
+        if algorithm not in IMAGE_DIGEST_HEX:
+            raise ValueError(f"{algorithm} is not a digest pvegpu hashes images with")
+        quoted = shlex.quote(path)
+        return f"if [ -f {quoted} ]; then {algorithm}sum -- {quoted}; fi"
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        return parse_image_digest(output)
+
+
+def parse_image_digest(lines: Sequence[str]) -> str | None:
+    """`ImageDigest`'s output -> the digest, None for no output; FactParseError for another line."""
+    for line in lines:
+        match = _DIGEST_LINE.fullmatch(line)
+        if match is None or len(match[1]) not in IMAGE_DIGEST_HEX.values():
+            raise FactParseError(f"image digest: unexpected line {line!r}")
+        return match[1]
+    return None

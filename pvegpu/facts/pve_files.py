@@ -154,7 +154,8 @@ def storage_answer(raw: bytes, storage: str) -> dict[str, object] | None:
         return None
     kind, options = found
     path, content = options.get("path"), options.get("content")
-    if kind != "dir" or path is None or content is None or "nodes" in options:
+    # `shared`: the API's answer carries it as a boolean, which the hook's storage check reads from the API
+    if kind != "dir" or path is None or content is None or "nodes" in options or "shared" in options:
         return None
     if storage == LOCAL and path != "/var/lib/vz":
         return None  # pve-storage replaces such a `local` with its own

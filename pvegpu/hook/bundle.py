@@ -12,6 +12,10 @@ changes only when a module's source does: a run with the same pvegpu writes noth
   package outside the standard library;
 - `build()`: the zipapp bytes (`__main__.py` runs `pvegpu.hook.main`);
 - `wrapper(...)`: the hookscript itself, a POSIX sh script naming the pvegpu version and the bundle's sha256.
+  It runs the bundle only on `pre-start` and only when the file's sha256 is the one pvegpu wrote: anything
+  else at that path is not run (root runs the hookscript); the start then goes on without pvegpu's repair,
+  with one line (`mismatch_line`) in the start's task log (stdout, which Proxmox's run_command logs) and in
+  the journal (`logger`), and Proxmox's own mapping check decides, as without the hook.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import zipfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+
+from pvegpu.hook.main import JOURNAL_TAG
 
 ENTRY = "pvegpu.hook.main"
 BUNDLE_PATH = "/usr/local/lib/pvegpu/pvegpu-hook.pyz"
@@ -77,15 +83,43 @@ def build(entry: str = ENTRY) -> Bundle:
     return Bundle(data, hashlib.sha256(data).hexdigest(), _version())
 
 
-def wrapper(bundle: Bundle, *, mode: str, prefix: str, sysfs_root: str) -> str:
-    """The hookscript: `exec python3 BUNDLE_PATH --mode ... "$@"` (Proxmox adds `<vmid> <phase>`)."""
+def wrapper(
+    bundle: Bundle,
+    *,
+    mode: str,
+    prefix: str,
+    sysfs_root: str,
+    bundle_path: str = BUNDLE_PATH,
+    python: str = PYTHON,
+) -> str:
+    """The hookscript: on `pre-start`, `exec python3 BUNDLE_PATH --mode ... "$@"` (Proxmox adds `<vmid>
+    <phase>`) when the bundle's sha256 is `bundle.sha256`, else `mismatch_line` and exit 0 (module docstring);
+    other phases exit 0 at once. `bundle_path` and `python` are for tests."""
     options = ["--mode", mode, "--prefix", prefix, "--sysfs-root", sysfs_root]
-    command = shlex.join([PYTHON, BUNDLE_PATH, *options])
+    command = shlex.join([python, bundle_path, *options])
+    line = mismatch_line("$1", bundle_path, bundle)
     return (
         "#!/bin/sh\n"
         f"# pvegpu {bundle.version} pre-start hookscript, written by pvegpu (a run rewrites it).\n"
-        f"# bundle {BUNDLE_PATH} sha256 {bundle.sha256}\n"
+        f"# bundle {bundle_path} sha256 {bundle.sha256}\n"
+        '[ "$2" = pre-start ] || exit 0\n'
+        f"sum=$(sha256sum 2>/dev/null < {shlex.quote(bundle_path)}) || sum=\n"
+        f'if [ "${{sum%% *}}" != {bundle.sha256} ]; then\n'
+        f'  line="{line}"\n'
+        '  echo "$line"\n'
+        f'  logger -t {JOURNAL_TAG} -- "$line" 2>/dev/null || :\n'
+        "  exit 0\n"
+        "fi\n"
         f'exec {command} "$@"\n'
+    )
+
+
+def mismatch_line(vmid: str, bundle_path: str, bundle: Bundle) -> str:
+    """The wrapper's line when the bundle at `bundle_path` is not `bundle` (missing, or other bytes)."""
+    return (
+        f"pvegpu: VM {vmid}: {bundle_path} is not the hook pvegpu {bundle.version} installed (sha256 "
+        f"{bundle.sha256[:12]}), so it is not run; the start goes on without pvegpu's repair and Proxmox's "
+        "own mapping check decides; a pvegpu run on the node reinstalls it"
     )
 
 

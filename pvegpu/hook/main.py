@@ -11,6 +11,11 @@ Each repair re-reads pci.cfg and writes only when the mapping still holds what t
 that file's digest: a concurrent edit is never overwritten; the start then fails saying so, and the next start
 decides again. When the hook cannot read what it decides on (a missing file, a hardware read that fails) it
 says so and exits 0: it repairs nothing then, and Proxmox's own mapping check decides the start.
+
+An unexpected error inside the hook (a bug, a read the hook does not foresee) must not keep the VM down:
+Proxmox refuses the start on any non-zero exit of `pre-start` (PVE::GuestHelpers::exec_hookscript with
+stop_on_error), while its own mapping check still runs after the hook. So `main` prints one line
+(`failure_line`) to the task log, sends it to the journal (syslog, tag `pvegpu-hook`) and exits 0.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import syslog
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +31,7 @@ PRE_START = "pre-start"
 MODES = ("repair", "check")
 PVESH = "/usr/bin/pvesh"
 TIMEOUT_S = 20.0
+JOURNAL_TAG = "pvegpu-hook"  # the journal tag of the hook's lines (main.py and the wrapper, bundle.py)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,11 +39,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.phase != PRE_START:
         return 0
-    from pvegpu.hook.decide import Mode, Start  # noqa: PLC0415 - only pre-start pays for the planner's import
-    from pvegpu.hook.pre_start import pre_start  # noqa: PLC0415
+    try:
+        from pvegpu.hook.decide import Mode, Start  # noqa: PLC0415 - only pre-start pays for the planner's import
+        from pvegpu.hook.pre_start import pre_start  # noqa: PLC0415
 
-    start = Start(args.vmid, os.uname().nodename.split(".")[0], Mode(args.mode), args.prefix)
-    return pre_start(start, Path(args.pve_root), Path(args.sysfs_root), args.pvesh, args.timeout)
+        start = Start(args.vmid, os.uname().nodename.split(".")[0], Mode(args.mode), args.prefix)
+        return pre_start(start, Path(args.pve_root), Path(args.sysfs_root), args.pvesh, args.timeout)
+    except Exception as error:  # any failure leaves the start to Proxmox (module docstring)
+        line = failure_line(args.vmid, error)
+        print(line, flush=True)
+        syslog.openlog(JOURNAL_TAG)
+        syslog.syslog(syslog.LOG_WARNING, line)
+        return 0
+
+
+def failure_line(vmid: int, error: Exception) -> str:
+    """The one line of an unexpected error (module docstring), the error's text on that line."""
+    said = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
+    what = f"{type(error).__name__}: {said}" if said else type(error).__name__
+    return (
+        f"pvegpu: VM {vmid}: the hook failed ({what}); the start goes on without pvegpu's repair and "
+        "Proxmox's own mapping check decides"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

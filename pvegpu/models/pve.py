@@ -237,6 +237,8 @@ class StorageConfig:
     content: tuple[str, ...]
     path: str | None
     digest: str
+    type: str = ""  # the plugin (`dir`, `nfs`, ...); "" where the answer had none
+    shared: bool = False  # `shared 1`: the same contents on every node (set for network types too)
 
 
 @dataclass(frozen=True)

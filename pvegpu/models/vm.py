@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -51,8 +52,10 @@ _MAPPING_PREFIX = re.compile(r"[a-z][a-z0-9_-]*", re.IGNORECASE)
 _IMPORT_FILE = re.compile(r"[a-zA-Z0-9\-.+=_]+\.(qcow2|raw|vmdk)")
 _IMAGE_VOLUME = re.compile(rf"{_STORAGE_ID.pattern}:import/{_IMPORT_FILE.pattern}")
 _URL = re.compile(r"https?://[^\s/?#]+/[^\s?#]+(\?[^\s#]*)?")
-# Hex digits per digest: Proxmox's download-url `checksum-algorithm` values.
-_DIGEST_HEX = {"md5": 32, "sha1": 40, "sha224": 56, "sha256": 64, "sha384": 96, "sha512": 128}
+# Hex digits per digest pvegpu accepts: Proxmox's download-url `checksum-algorithm` values of SHA-256 or
+# stronger (it takes md5, sha1 and sha224 too, which a forged image can match).
+_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+_WEAK_DIGESTS = ("md5", "sha1", "sha224")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 # A login name cloud-init creates (Debian's NAME_REGEX, 32 characters at most as useradd allows).
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -101,22 +104,39 @@ class ImageVolume(BaseModel):
     )
 
 
+ImageDigest = Literal["sha256", "sha384", "sha512"]
+
+
+def _strong_digest(value: object) -> object:
+    if value in _WEAK_DIGESTS:
+        raise ValueError(f"{value} is too weak to trust an image by: use sha256, sha384 or sha512")
+    return value
+
+
 class ImageUrl(BaseModel):
     """A cloud image the node downloads (kept: a later run downloads nothing): `vm.image = {"url": ...}`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     url: Annotated[str, matching(_URL, "an http(s) URL of an image file")] = Field(
-        description="http(s) URL of the cloud image, downloaded by the node through the API (`download-url`)."
+        description=(
+            "http(s) URL of the cloud image, downloaded by the node through the API (`download-url`); "
+            "`checksum` is always required, so an http download is checked too."
+        )
     )
     checksum: Annotated[str, matching(_HEX, "a hex digest"), AfterValidator(str.lower)] = Field(
         description=(
             "The image's published digest (hex, stored lowercase); a download that does not match stops "
-            "before the VM is created."
+            "before the VM is created, and an image volume already on the node is used only when its "
+            "digest (hashed on the node) is this one."
         )
     )
-    checksum_algorithm: Literal["md5", "sha1", "sha224", "sha256", "sha384", "sha512"] = Field(
-        default="sha512", description="Digest algorithm of `checksum` (Debian publishes SHA512SUMS)."
+    checksum_algorithm: Annotated[ImageDigest, BeforeValidator(_strong_digest)] = Field(
+        default="sha512",
+        description=(
+            "Digest algorithm of `checksum`: sha256, sha384 or sha512 (Debian publishes SHA512SUMS); "
+            "md5, sha1 and sha224 are refused."
+        ),
     )
     storage: Annotated[str, matching(_STORAGE_ID, "a Proxmox storage id (e.g. local)")] = Field(
         default="local",

@@ -3,8 +3,10 @@
 - `storage_content`: a storage offers the content types pvegpu needs (`import` for a downloaded image,
   `snippets` for the cloud-init user-data), added to the ones it has, never replacing them;
 - `image_downloaded`: the image volume exists on the node, else the node downloads it (`download-url` with
-  the checksum: a mismatch fails the task, and the error names the URL and both sums). Checked only while
-  the VM does not exist: the image is read once, on create, and a later run never downloads it again;
+  the checksum: a mismatch fails the task, and the error names the URL and both sums). A volume already there
+  (an earlier download, or another admin's file) is used only when its digest, hashed on the node by the
+  node's state read, is `vm.image.checksum`; else it is refused naming both sums. Checked only while the VM
+  does not exist: the image is read once, on create, and a later run never downloads it again;
 - `snippet_file`: the cloud-init user-data on the node (mode 0600: it holds the guest's SSH host key);
 - `disk_grown`: the system disk at least `size_gib` (an imported disk has the image's size); never shrunk.
 
@@ -25,7 +27,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.node_state import node_file_sha256
+from pvegpu.node_state import node_file_sha256, node_image_digest
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.files import upload_secret_file
 from pvegpu.operations.pve_guest import VM, Guest
@@ -84,12 +86,16 @@ def image_downloaded(
 ) -> Generator[FunctionCommand]:
     """Volume `volid` (`<storage>:import/<file>`) exists on `node`; when it does not and `url` is given, the
     node downloads it with `checksum` (`algorithm`); without `url` (`vm.image.volume`) a missing volume is an
-    error naming it."""
+    error naming it. With `checksum`, a volume already there whose file's digest is another is refused."""
     storage, _, name = volid.partition(":")
     try:
         present = volid in api.storage_volumes(node, storage, "import")
     except PveError as error:
         raise OperationError(f"vm.image: the volumes of storage {storage} on {node}: {error.line}") from None
+    if present and checksum is not None and algorithm is not None:
+        _check_volume(api, node, volid, checksum, algorithm)
+        host.noop(f"image {volid} is on {node} with the {algorithm} of vm.image.checksum")
+        return
     if present:
         host.noop(f"image {volid} is on {node}")
         return
@@ -105,6 +111,33 @@ def image_downloaded(
     }
     logger.info(f"{host.print_prefix}image {volid}: download {url} ({algorithm} {checksum})")
     yield api_command(_download, api, _Download(node, storage, volid, url, params, timeout_s))
+
+
+def _check_volume(api: PveClient, node: str, volid: str, checksum: str, algorithm: str) -> None:
+    """OperationError unless the file of `volid` on `node` has `checksum`: a volume pvegpu did not download
+    (or one changed since) must not become the VM's disk unchecked."""
+    storage, _, name = volid.partition(":")
+    try:
+        directory = api.storage(storage).path
+    except PveError as error:
+        raise OperationError(f"vm.image.storage {storage}: {error.line}") from None
+    if directory is None:
+        raise OperationError(
+            f"vm.image.storage {storage} has no directory: volume {volid} cannot be checked against "
+            "vm.image.checksum"
+        )
+    path = f"{directory}/{name}"
+    found = node_image_digest(host, path, algorithm)
+    if found is None:
+        raise OperationError(
+            f"vm.image: volume {volid} is listed on {node}, but {path} is not a file: its {algorithm} "
+            "cannot be checked"
+        )
+    if found != checksum:
+        raise OperationError(
+            f"vm.image: volume {volid} ({path}) on {node} has {algorithm} {found}, vm.image.checksum is "
+            f"{checksum}: remove the volume (pvesm free {volid}) or fix vm.image.checksum"
+        )
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,15 @@ and writes only a file that differs, atomically (pvegpu/operations/files.py): th
 `bundle.BUNDLE_PATH` (0644 root, uploaded to its staging name, then checked and renamed), the wrapper in the
 snippets directory (0755 root: Proxmox runs it as the VM's `hookscript`). The same pvegpu gives the same
 bytes, so a second run changes nothing; another pvegpu version or another mode rewrites them.
+
+Root runs the hookscript at every VM start, so it lives only where no one but this node's root can change it:
+- `shared_storage_refusal`: a shared snippets storage is refused before any host is changed (the role
+  raises it): a network type (pve-storage's @SHARED_STORAGE, glusterfs too) or any storage marked
+  `shared 1` is written from other nodes, or by whoever else mounts it, and every node would run it;
+- before writing, the snippets directory and the bundle's must be root's and not writable by group or
+  others (`directory_check`); they are checked only when something is written (the state read of a no-op
+  run does not list directories' owners), so a no-op run stays one remote command. The wrapper checks the
+  bundle's sha256 in turn (pvegpu/hook/bundle.py), so a changed zipapp is never run.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import posixpath
+import shlex
 from collections.abc import Generator
 
 from pyinfra.api.command import FileUploadCommand, StringCommand
@@ -19,8 +29,44 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.hook.bundle import BUNDLE_PATH, Bundle
+from pvegpu.models.pve import StorageConfig
 from pvegpu.node_state import node_file_sha256
 from pvegpu.operations.files import install_staged, temp_path, write_file
+
+# pve-storage src/PVE/Storage/Plugin.pm @SHARED_STORAGE (parse_config sets `shared` for them), and glusterfs,
+# shared as long as Proxmox shipped it (PVE 8); only the ones with a directory can offer snippets.
+SHARED_TYPES = frozenset(
+    ("cephfs", "cifs", "drbd", "glusterfs", "iscsi", "iscsidirect", "nfs", "pbs", "rbd", "zfs")
+)
+
+
+def shared_storage_refusal(config: StorageConfig) -> str | None:
+    """Why the hook may not go to `vm.snippets_storage` `config` (module docstring), or None."""
+    if config.type in SHARED_TYPES:
+        why = f"type {config.type}, shared by every node that mounts it"
+    elif config.shared:
+        why = f"type {config.type or 'unknown'}, marked shared 1"
+    else:
+        return None
+    return (
+        f"vm.snippets_storage {config.storage} is shared ({why}): pvegpu's pre-start hookscript runs as root "
+        "on every VM start, so it goes only to node-local storage; set vm.snippets_storage to a local dir "
+        "storage (local) or vm.self_heal: off"
+    )
+
+
+def directory_check(directory: str) -> StringCommand:
+    """Fails, naming `directory`, unless it is root's and not writable by group or others."""
+    quoted = shlex.quote(directory)
+    message = shlex.quote(
+        f"pvegpu: {directory} must be owned by root and not writable by group or others to hold the "
+        f"pre-start hookscript, so nothing was written; run: chown root:root {directory} && chmod go-w "
+        f"{directory}"
+    )
+    return StringCommand(
+        f'[ -n "$(find {quoted} -maxdepth 0 -type d -user 0 ! -perm /022)" ] || '
+        f"{{ echo {message} >&2 ; exit 1 ; }}"
+    )
 
 
 @operation()
@@ -37,10 +83,12 @@ def hook_installed(
             f"pvegpu {bundle.version} hook is installed: {wrapper_path}, {BUNDLE_PATH} ({bundle.sha256[:12]})"
         )
         return
+    directories = (posixpath.dirname(wrapper_path), posixpath.dirname(BUNDLE_PATH))
+    yield StringCommand("mkdir", "-p", *directories)
+    for directory in directories:
+        yield directory_check(directory)
     if bundle_now != bundle.sha256:
-        yield StringCommand("mkdir", "-p", posixpath.dirname(BUNDLE_PATH))
         yield FileUploadCommand(io.BytesIO(bundle.data), temp_path(BUNDLE_PATH))
         yield install_staged(BUNDLE_PATH, bundle.sha256)
     if wrapper_now != wrapper_sha256:
-        yield StringCommand("mkdir", "-p", posixpath.dirname(wrapper_path))
         yield write_file(wrapper_path, wrapper, mode="0755", check="sh -n")

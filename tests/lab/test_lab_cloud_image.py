@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts, images
-from pvegpu.guest_keys import host_key_files, recorded_address
+from pvegpu.guest_keys import GuestPlace, host_key_files, recorded_address
 
 pytestmark = pytest.mark.lab
 
@@ -86,7 +86,7 @@ def test_wrong_checksum_stops_before_the_vm_then_dhcp_guest_joins_strictly(
     dhcp = {"ipconfig": "ip=dhcp"}
     code, output = deploy(pyinfra_cli, monkeypatch, dhcp, "-vv", "deploy/vm.py")  # -vv: every command shown
     assert code == 0, output
-    private, _ = host_key_files(hosts.known_hosts_path(), f"{node_name}v100")
+    private, _ = host_key_files(hosts.known_hosts_path(), GuestPlace(None, None, node_name, 100))
     # The user-data holding the guest's private host key went up as a file: no command line showed it.
     body = [line for line in private.read_text().splitlines() if line and not line.startswith("-----")]
     assert body, private

@@ -41,7 +41,7 @@ import pytest
 from lab import boot, faults, hosts, images
 from lab.pve import node as pve_node
 from pvegpu.create_records import ledger_beside
-from pvegpu.guest_keys import login_key_files
+from pvegpu.guest_keys import GuestPlace, login_key_files
 from pvegpu.run_progress import cut_line
 from tests.lab.test_lab_vm import START, SYNC, VM, guest_gpus, mappings, prepare_host, run
 
@@ -149,7 +149,7 @@ def the_image_is_whole(node: hosts.LabHost) -> None:
 def guest_reached(node: hosts.LabHost) -> str:
     """The hostname the VM's guest answers over SSH with pvegpu's login key and strict host key checking."""
     guest = hosts.get_host(f"{node.name}v100")
-    login, _ = login_key_files(hosts.known_hosts_path(), guest.name)
+    login, _ = login_key_files(hosts.known_hosts_path(), GuestPlace(None, None, node.name, 100))
     argv = [
         "ssh", "-i", str(login), "-o", f"UserKnownHostsFile={hosts.known_hosts_path()}",
         "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",

@@ -20,7 +20,7 @@ import pytest
 
 from lab import guest_payload, hosts, images
 from lab.pve import node as pve_node
-from pvegpu.guest_keys import ensure_key_pair, host_key_files, login_key_files, record_known_host
+from pvegpu.guest_keys import GuestPlace, ensure_key_pair, host_key_files, login_key_files, record_known_host
 from pvegpu.models.vm import ImageVolume, VmSpec
 from pvegpu.plan.cloud_init import snippet_name, static_address, user_data
 from pvegpu.plan.vm import create_keys
@@ -81,9 +81,9 @@ def _create_vm_with_8_gpus(node: hosts.LabHost, lab_ssh: Ssh) -> str:
         f"pvesh create /nodes/{node.name}/storage/local/download-url --content import --filename {IMAGE} "
         f"--url {url} --checksum {checksum} --checksum-algorithm sha512",
     )
-    known_hosts = hosts.known_hosts_path()
-    host_private, host_public = ensure_key_pair(host_key_files(known_hosts, spec.name)[0])
-    _, login_public = ensure_key_pair(login_key_files(known_hosts, spec.name)[0])
+    known_hosts, place = hosts.known_hosts_path(), GuestPlace(None, None, node.name, spec.vmid)
+    host_private, host_public = ensure_key_pair(host_key_files(known_hosts, place)[0])
+    _, login_public = ensure_key_pair(login_key_files(known_hosts, place)[0])
     address = static_address(spec.ipconfig)
     assert address is not None
     record_known_host(known_hosts, address, host_public)

@@ -249,7 +249,9 @@ def test_concurrent_mapping_edit_is_not_overwritten_next_start_repairs(
     )
     raced = parse_pci_cfg(cfg.read_text()).mappings
     assert [(m.id, m.map) for m in raced] == [(m.id, m.map) for m in written]  # no map line written
-    assert [m.description for m in raced] == ["edited by another admin"] + [None] * 7
+    mark = f"pvegpu-owner: {name}"  # pvegpu's mark on each mapping it created (the node's name: no cluster)
+    assert [m.description for m in written] == [mark] * 8
+    assert [m.description for m in raced] == ["edited by another admin"] + [mark] * 7
 
     lab_ssh(node, f"pvesh create /nodes/{name}/qemu/100/status/start")
     assert status(lab_ssh, node) == "running"
@@ -260,7 +262,7 @@ def test_concurrent_mapping_edit_is_not_overwritten_next_start_repairs(
     ]
     assert last_start_log(node)[-1] == "TASK OK"
     repaired = parse_pci_cfg(cfg.read_text()).mappings
-    assert [m.description for m in repaired] == ["edited by another admin"] + [None] * 7
+    assert [m.description for m in repaired] == ["edited by another admin"] + [mark] * 7
     assert [m.map for m in repaired] == [
         (m.map[0].replace(moved(old), moved(new)),)
         for m, old, new in zip(written, reference["gpus"], renumbered["gpus"], strict=True)

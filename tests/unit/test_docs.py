@@ -69,8 +69,9 @@ def test_example_inventory_validates(capsys: pytest.CaptureFixture[str]) -> None
         ("pve1.example.net", "pve1", "vm", ("10de:2bb1",), 8),
     ]
     assert capsys.readouterr().err == (
-        f"info: guest llm of pve1.example.net is not in this run's inventory: its keys in {REPO}/guest-keys "
-        "do not exist yet (made when pvegpu creates the VM); the next run includes it\n"
+        "info: guest llm of pve1.example.net is not in this run's inventory: its keys in "
+        f"{REPO}/guest-keys/pve1 do not exist yet (made when pvegpu creates the VM); the next run "
+        "includes it\n"
     )
 
 

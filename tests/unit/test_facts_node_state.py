@@ -15,9 +15,11 @@ from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.host_driver import HostDriverFiles
 from pvegpu.facts.node_state import (
+    ImageDigest,
     NodeStateRequest,
     files_sha256_command,
     node_read_command,
+    parse_image_digest,
     parse_node_state,
 )
 from pvegpu.facts.pvegpu_boot import PvegpuBootFiles
@@ -139,6 +141,68 @@ def test_storage_cfg_paths_are_scanned(tmp_path: Path) -> None:
         f"{HOOK_TEXT_SHA256}  {store}/snippets/pvegpu-hook"
     ]
     assert not [line for line in lines if line.endswith("/other")]
+
+
+def test_image_files_are_hashed_in_each_storage_while_the_vm_does_not_exist(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "import").mkdir(parents=True)
+    (store / "import" / "d.qcow2").write_bytes(b"image")
+    cfg = tmp_path / "storage.cfg"
+    cfg.write_text(f"dir: big\n\tpath {store}\n\tcontent import\n")
+    config = tmp_path / "100.conf"
+    command = files_sha256_command(
+        (), storage_cfg=str(cfg), images=(("sha512", "d.qcow2"),), images_unless=str(config)
+    )
+    lines = run(command).stdout.splitlines()
+    digest = hashlib.sha512(b"image").hexdigest()
+    assert [line for line in lines if "/import/" in line] == [
+        f"image sha512 {store}/import/d.qcow2",
+        f"{digest}  {store}/import/d.qcow2",
+        "image sha512 /var/lib/vz/import/d.qcow2",
+    ]
+    config.write_text("name: llm\n")
+    assert [line for line in run(command).stdout.splitlines() if "/import/" in line] == []
+
+
+IMAGE = "/var/lib/vz/import/d.qcow2"
+
+
+def with_sha256_lines(*lines: str) -> list[str]:
+    end = SAMPLE.index("#pvegpu-node:end")
+    return [*SAMPLE[:end], *lines, *SAMPLE[end:]]
+
+
+def test_an_image_digest_is_parsed_with_its_algorithm() -> None:
+    digest = "ab" * 64
+    state = parse_node_state(with_sha256_lines(f"image sha512 {IMAGE}", f"{digest}  {IMAGE}"))
+    assert state.image_digest(IMAGE, "sha512") == digest
+    assert IMAGE not in state.files_sha256
+    with pytest.raises(KeyError) as error:
+        state.image_digest(IMAGE, "sha256")
+    assert (
+        error.value.args[0]
+        == f"{IMAGE} (sha256) is not in the node state read (pvegpu.node_state.node_request)"
+    )
+    absent = parse_node_state(with_sha256_lines(f"image sha256 {IMAGE}"))
+    assert absent.image_digest(IMAGE, "sha256") is None
+
+
+def test_an_image_digest_of_another_length_is_refused() -> None:
+    line = f"{'ab' * 32}  {IMAGE}"
+    with pytest.raises(FactParseError) as error:
+        parse_node_state(with_sha256_lines(f"image sha512 {IMAGE}", line))
+    assert str(error.value) == f"node state sha256: not a sha512 digest: {line!r}"
+
+
+def test_image_digest_on_its_own(tmp_path: Path) -> None:
+    image = tmp_path / "d.qcow2"
+    image.write_bytes(b"image")
+    command = ImageDigest().command(path=str(image), algorithm="sha384")
+    assert parse_image_digest(run(command).stdout.splitlines()) == hashlib.sha384(b"image").hexdigest()
+    absent = ImageDigest().command(path=str(tmp_path / "absent"), algorithm="sha256")
+    assert parse_image_digest(run(absent).stdout.splitlines()) is None
+    with pytest.raises(ValueError, match=r"^md5 is not a digest pvegpu hashes images with$"):
+        ImageDigest().command(path=str(image), algorithm="md5")
 
 
 def test_a_failing_part_fails_the_read_with_its_message(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from pvegpu import guest_inventory
 from pvegpu.guest_inventory import guests_of
 from pvegpu.guest_keys import (
+    GuestPlace,
     ensure_key_pair,
     host_key_files,
     login_key_files,
@@ -22,12 +23,16 @@ from pvegpu.guest_keys import (
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN5HcbcUQrpSUxW4nw/rMoAjNHG/aykHEZ6M+9fVDl2P you@desk"
 GPUS = {"ids": ["10de:2bb1"], "count": 8}
 IMAGE = {"volume": "local:import/debian-12.qcow2"}
+PVE1 = GuestPlace(cluster=None, owner=None, node="pve1", vmid=100)  # node()'s guest
 
 
-def node(tmp_path: Path, node_name: str = "pve1", **vm: object) -> tuple[str, dict[str, object]]:
+def node(
+    tmp_path: Path, node_name: str = "pve1", pve: dict[str, object] | None = None, **vm: object
+) -> tuple[str, dict[str, object]]:
     return (
         f"{node_name}.example.net",
         {
+            **({} if pve is None else {"pve": pve}),
             "ssh_user": "root",
             "ssh_port": 2222,
             "ssh_key": "~/.ssh/pvegpu",
@@ -39,12 +44,12 @@ def node(tmp_path: Path, node_name: str = "pve1", **vm: object) -> tuple[str, di
     )
 
 
-def made(tmp_path: Path, vm_name: str = "llm", address: str | None = None) -> Path:
-    """What pvegpu leaves when it makes the VM: the host and login key pairs, and (`address`) the
-    known_hosts line; the private host key's path."""
-    private, _ = host_key_files(tmp_path / "known_hosts", vm_name)
+def made(tmp_path: Path, address: str | None = None, place: GuestPlace = PVE1) -> Path:
+    """What pvegpu leaves when it makes the VM at `place`: the host and login key pairs, and (`address`)
+    the known_hosts line; the private host key's path."""
+    private, _ = host_key_files(tmp_path / "known_hosts", place)
     _, public = ensure_key_pair(private)
-    ensure_key_pair(login_key_files(tmp_path / "known_hosts", vm_name)[0])
+    ensure_key_pair(login_key_files(tmp_path / "known_hosts", place)[0])
     if address is not None:
         record_known_host(tmp_path / "known_hosts", address, public)
     return private
@@ -59,7 +64,7 @@ def test_a_static_guest_with_its_key_joins(tmp_path: Path) -> None:
             {
                 "ssh_hostname": "10.0.0.5",
                 "ssh_user": "root",
-                "ssh_key": str(tmp_path / "guest-keys/llm_login_ed25519"),
+                "ssh_key": str(tmp_path / "guest-keys/pve1/pve1-100_login_ed25519"),
                 "ssh_known_hosts_file": str(tmp_path / "known_hosts"),
                 "ssh_strict_host_key_checking": "yes",
                 "guest_of": "pve1.example.net",
@@ -71,7 +76,7 @@ def test_a_static_guest_with_its_key_joins(tmp_path: Path) -> None:
 
 
 def test_another_user_logs_in_with_sudo(tmp_path: Path) -> None:
-    made(tmp_path, "gpu1", "10.0.0.7")
+    made(tmp_path, "10.0.0.7")
     [(name, data)] = guests_of([node(tmp_path, user="debian", name="gpu1", ipconfig="ip=10.0.0.7/24")])
     assert (name, data["ssh_user"], data["_sudo"], data["ssh_hostname"]) == (
         "gpu1",
@@ -88,12 +93,12 @@ def test_a_dhcp_guest_joins_once_its_address_is_recorded(
     assert guests_of([node(tmp_path)]) == []
     assert capsys.readouterr().err == (
         "info: guest llm of pve1.example.net is not in this run's inventory: its DHCP address is not "
-        f"recorded yet ({tmp_path}/guest-keys/llm.address: written once the guest agent reports it); the "
-        "next run includes it\n"
+        f"recorded yet ({tmp_path}/guest-keys/pve1/pve1-100.address: written once the guest agent reports "
+        "it); the next run includes it\n"
     )
     record_address(private, "10.200.7.2")
     record_known_host(
-        tmp_path / "known_hosts", "10.200.7.2", private.with_name("llm_ed25519.pub").read_text()
+        tmp_path / "known_hosts", "10.200.7.2", private.with_name("pve1-100_ed25519.pub").read_text()
     )
     [(name, data)] = guests_of([node(tmp_path)])
     assert (name, data["ssh_hostname"]) == ("llm", "10.200.7.2")
@@ -104,7 +109,7 @@ def test_a_guest_without_its_key_is_left_out(tmp_path: Path, capsys: pytest.Capt
     assert guests_of([node(tmp_path, ipconfig="ip=10.0.0.5/24")]) == []
     assert capsys.readouterr().err == (
         "info: guest llm of pve1.example.net is not in this run's inventory: its keys in "
-        f"{tmp_path}/guest-keys do not exist yet (made when pvegpu creates the VM); the next run "
+        f"{tmp_path}/guest-keys/pve1 do not exist yet (made when pvegpu creates the VM); the next run "
         "includes it\n"
     )
 
@@ -185,12 +190,12 @@ def test_data_cannot_replace_what_guests_of_sets(capsys: pytest.CaptureFixture[s
 
 def test_an_unusable_address_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     private = made(tmp_path)
-    private.with_name("llm.address").write_text("not an address\n")
+    private.with_name("pve1-100.address").write_text("not an address\n")
     with pytest.raises(SystemExit):
         guests_of([node(tmp_path)])
     assert capsys.readouterr().err == (
-        f"pve1.example.net: vm: {tmp_path}/guest-keys/llm.address: 'not an address' is not an IP address; "
-        "delete the file\n"
+        f"pve1.example.net: vm: {tmp_path}/guest-keys/pve1/pve1-100.address: 'not an address' is not an IP "
+        "address; delete the file\n"
     )
 
 
@@ -209,4 +214,70 @@ def test_a_guest_whose_key_is_not_in_known_hosts_yet_is_left_out(
     assert capsys.readouterr().err == (
         f"info: guest llm of pve1.example.net is not in this run's inventory: {tmp_path}/known_hosts has no "
         "line with its host key for 10.0.0.5 yet (written once the VM is made); the next run includes it\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "scope"),
+    [
+        ({"cluster": "staging"}, {"cluster": "prod"}, "prod"),
+        ({"cluster": "lab", "owner": "team-a"}, {"cluster": "lab", "owner": "team-b"}, "team-b@lab"),
+    ],
+)
+def test_two_inventories_with_one_key_directory(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    first: dict[str, str],
+    second: dict[str, str],
+    scope: str,
+) -> None:
+    """Same node name, vmid and VM name, one known_hosts directory: the guest the first inventory made is
+    not the second's, which neither gets its login key nor its address."""
+    place = GuestPlace(first["cluster"], first.get("owner"), "pve1", 100)
+    private = made(tmp_path, "10.200.7.2", place)
+    record_address(private, "10.200.7.2")
+    [(name, data)] = guests_of([node(tmp_path, pve=dict(first))])
+    assert (name, data["ssh_hostname"], data["ssh_key"]) == (
+        "llm",
+        "10.200.7.2",
+        str(login_key_files(tmp_path / "known_hosts", place)[0]),
+    )
+    assert guests_of([node(tmp_path, pve=dict(second))]) == []
+    assert capsys.readouterr().err == (
+        "info: guest llm of pve1.example.net is not in this run's inventory: its keys in "
+        f"{tmp_path}/guest-keys/{scope} do not exist yet (made when pvegpu creates the VM); the next run "
+        "includes it\n"
+    )
+
+
+def test_an_earlier_pvegpus_name_keyed_files_are_moved_on_first_use(tmp_path: Path) -> None:
+    folder = tmp_path / "guest-keys"
+    folder.mkdir(mode=0o700)
+    host_text, host_line = ensure_key_pair(folder / "llm_ed25519")
+    ensure_key_pair(folder / "llm_login_ed25519")
+    record_address(folder / "llm_ed25519", "10.200.7.2")
+    record_known_host(tmp_path / "known_hosts", "10.200.7.2", host_line)
+    [(name, data)] = guests_of([node(tmp_path)])
+    assert (name, data["ssh_hostname"], data["ssh_key"]) == (
+        "llm",
+        "10.200.7.2",
+        str(folder / "pve1/pve1-100_login_ed25519"),
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["pve1"]
+    assert (folder / "pve1/pve1-100_ed25519").read_text() == host_text  # the guest's key, not a new one
+    assert guests_of([node(tmp_path)]) == [(name, data)]
+
+
+def test_name_keyed_files_that_differ_from_the_new_ones_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made(tmp_path, "10.0.0.5")
+    ensure_key_pair(tmp_path / "guest-keys/llm_ed25519")
+    with pytest.raises(SystemExit) as raised:
+        guests_of([node(tmp_path, ipconfig="ip=10.0.0.5/24")])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err == (
+        f"pve1.example.net: vm: {tmp_path}/guest-keys/llm_ed25519 (an earlier pvegpu's, named after the VM) "
+        f"and {tmp_path}/guest-keys/pve1/pve1-100_ed25519 both exist and differ; keep the one the guest was "
+        "made with and delete the other\n"
     )

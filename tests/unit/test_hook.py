@@ -8,26 +8,34 @@ import hashlib
 import io
 import os
 import subprocess
+import syslog
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.context import ctx_host
 
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.facts.node_state import NodeRead
 from pvegpu.facts.pci_cfg import render_pci_cfg
+from pvegpu.hook import main as main_module
+from pvegpu.hook import pre_start as pre_start_module
 from pvegpu.hook.bundle import BUNDLE_PATH, PYTHON, Bundle, BundleError, build, modules, wrapper
 from pvegpu.hook.decide import FIX_COMMAND, Mode, Start, decide, mapped_ids
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.pve import PciMapping
+from pvegpu.models.inventory import NodeSpec
+from pvegpu.models.pve import PciMapping, StorageConfig
 from pvegpu.models.vm import VmSpec
-from pvegpu.operations.hook import hook_installed
+from pvegpu.operations.hook import directory_check, hook_installed, shared_storage_refusal
 from pvegpu.plan.mapping import plan_mappings
 from pvegpu.plan.topology import plan_vendor_topology
 from pvegpu.plan.vm import create_keys, diff_vm, vm_config
-from tests.unit.op_harness import node_state, run_op
+from roles.self_heal import self_heal
+from tests.unit.op_harness import NODE_DATA, FakeHost, node_state, run_op
 
 NAMES = ("reference", "reference-renumbered", "reference-missing-gpu")
 CONFIG = "boot: order=scsi0\nhostpci0: mapping=gpu0,pcie=1\nhostpci1: 0000:99:00\n" + "".join(
@@ -252,14 +260,111 @@ def test_error_bundle_refuses_a_module_that_needs_a_third_party_package() -> Non
     assert str(error.value) == "pvegpu.models.vm imports pydantic, which the node's python3 does not have"
 
 
-def test_wrapper_names_the_version_and_the_bundle_it_runs() -> None:
+def test_wrapper_names_the_version_and_the_bundle_it_runs_once_its_sha256_matches() -> None:
     bundle = Bundle(b"zip", "ab" * 32, "0.1.0")
     assert wrapper(bundle, mode="check", prefix="gpu", sysfs_root="/opt/sys") == (
         "#!/bin/sh\n"
         "# pvegpu 0.1.0 pre-start hookscript, written by pvegpu (a run rewrites it).\n"
         f"# bundle {BUNDLE_PATH} sha256 {'ab' * 32}\n"
+        '[ "$2" = pre-start ] || exit 0\n'
+        f"sum=$(sha256sum 2>/dev/null < {BUNDLE_PATH}) || sum=\n"
+        f'if [ "${{sum%% *}}" != {"ab" * 32} ]; then\n'
+        f'  line="pvegpu: VM $1: {BUNDLE_PATH} is not the hook pvegpu 0.1.0 installed (sha256 '
+        "abababababab), so it is not run; the start goes on without pvegpu's repair and Proxmox's own "
+        'mapping check decides; a pvegpu run on the node reinstalls it"\n'
+        '  echo "$line"\n'
+        '  logger -t pvegpu-hook -- "$line" 2>/dev/null || :\n'
+        "  exit 0\n"
+        "fi\n"
         f'exec /usr/bin/python3 {BUNDLE_PATH} --mode check --prefix gpu --sysfs-root /opt/sys "$@"\n'
     )
+
+
+def run_wrapper(tmp: Path, data: bytes | None, phase: str = "pre-start") -> subprocess.CompletedProcess[str]:
+    """The wrapper of the real bundle, run by sh as Proxmox runs it, with the file at its bundle path holding
+    `data` (None: no file) and a `logger` that records its arguments (the journal)."""
+    bundle = build()
+    bundle_path = tmp / "lib/pvegpu-hook.pyz"
+    bundle_path.parent.mkdir(parents=True, exist_ok=True)
+    if data is not None:
+        bundle_path.write_bytes(data)
+    script = tmp / "pvegpu-hook"
+    script.write_text(
+        wrapper(
+            bundle,
+            mode="repair",
+            prefix="gpu",
+            sysfs_root=str(tmp / "no-sys"),
+            bundle_path=str(bundle_path),
+            python=PYTHON,
+        )
+    )
+    script.chmod(0o755)
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "logger").write_text('#!/bin/sh\nprintf \'%s\\n\' "$*" >> "$(dirname "$0")/journal"\n')
+    (bin_dir / "logger").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    return subprocess.run(
+        ["/bin/sh", str(script), "100", phase],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=env,
+    )
+
+
+def mismatch(tmp: Path) -> str:
+    return (
+        f"pvegpu: VM 100: {tmp / 'lib/pvegpu-hook.pyz'} is not the hook pvegpu {build().version} installed "
+        f"(sha256 {build().sha256[:12]}), so it is not run; the start goes on without pvegpu's repair and "
+        "Proxmox's own mapping check decides; a pvegpu run on the node reinstalls it"
+    )
+
+
+def test_error_wrapper_does_not_run_a_bundle_of_other_bytes_and_the_start_goes_on(tmp_path: Path) -> None:
+    done = run_wrapper(tmp_path, build().data + b"#")
+    assert (done.returncode, done.stdout, done.stderr) == (0, mismatch(tmp_path) + "\n", "")
+    assert (tmp_path / "bin/journal").read_text() == f"-t pvegpu-hook -- {mismatch(tmp_path)}\n"
+
+
+def test_error_wrapper_with_the_bundle_missing_lets_the_start_go_on(tmp_path: Path) -> None:
+    done = run_wrapper(tmp_path, None)
+    assert (done.returncode, done.stdout, done.stderr) == (0, mismatch(tmp_path) + "\n", "")
+    assert (tmp_path / "bin/journal").read_text() == f"-t pvegpu-hook -- {mismatch(tmp_path)}\n"
+
+
+def test_wrapper_runs_the_bundle_whose_sha256_matches(tmp_path: Path) -> None:
+    done = run_wrapper(tmp_path, build().data)
+    assert done.returncode == 0
+    assert done.stdout.startswith("pvegpu: VM 100: nothing checked (")  # the bundle ran: no /etc/pve here
+    assert not (tmp_path / "bin/journal").exists()
+
+
+def test_wrapper_other_phases_exit_zero_silently_without_reading_the_bundle(tmp_path: Path) -> None:
+    done = run_wrapper(tmp_path, None, "post-stop")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_error_unexpected_exception_lets_the_start_go_on_with_one_journal_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal: list[tuple[int, str]] = []
+
+    def broken(*_args: object) -> int:
+        raise RuntimeError("first line\n  second line")
+
+    monkeypatch.setattr(pre_start_module, "pre_start", broken)
+    monkeypatch.setattr(syslog, "openlog", lambda ident: journal.append((-1, ident)))
+    monkeypatch.setattr(syslog, "syslog", lambda priority, line: journal.append((priority, line)))
+    assert main_module.main(["--mode", "repair", "100", "pre-start"]) == 0
+    line = (
+        "pvegpu: VM 100: the hook failed (RuntimeError: first line; second line); the start goes on without "
+        "pvegpu's repair and Proxmox's own mapping check decides"
+    )
+    assert capsys.readouterr().out == line + "\n"
+    assert journal == [(-1, "pvegpu-hook"), (syslog.LOG_WARNING, line)]
 
 
 # --- the install operation ---------------------------------------------------------------------------------
@@ -298,7 +403,18 @@ def test_create_hook_uploads_the_bundle_staged_and_writes_the_wrapper_0755() -> 
     text = wrapper(bundle, mode="repair", prefix="gpu", sysfs_root="/sys")
     commands, noops = install({BUNDLE_PATH: None, HOOK: None}, bundle, text)
     assert noops == []
-    assert commands[0] == "mkdir -p /usr/local/lib/pvegpu"
+    assert commands[:3] == [
+        "mkdir -p /var/lib/vz/snippets /usr/local/lib/pvegpu",
+        '[ -n "$(find /var/lib/vz/snippets -maxdepth 0 -type d -user 0 ! -perm /022)" ] || { echo \'pvegpu: '
+        "/var/lib/vz/snippets must be owned by root and not writable by group or others to hold the "
+        "pre-start hookscript, so nothing was written; run: chown root:root /var/lib/vz/snippets && chmod "
+        "go-w /var/lib/vz/snippets' >&2 ; exit 1 ; }",
+        '[ -n "$(find /usr/local/lib/pvegpu -maxdepth 0 -type d -user 0 ! -perm /022)" ] || { echo \'pvegpu: '
+        "/usr/local/lib/pvegpu must be owned by root and not writable by group or others to hold the "
+        "pre-start hookscript, so nothing was written; run: chown root:root /usr/local/lib/pvegpu && chmod "
+        "go-w /usr/local/lib/pvegpu' >&2 ; exit 1 ; }",
+    ]
+    del commands[:2]
     upload = commands[1]
     assert isinstance(upload, FileUploadCommand)
     assert isinstance(upload.src, io.BytesIO)
@@ -313,9 +429,64 @@ def test_create_hook_uploads_the_bundle_staged_and_writes_the_wrapper_0755() -> 
         f"/usr/local/lib/pvegpu ; }} || {{ rm -f {staged} ; echo 'pvegpu: could not write {BUNDLE_PATH} "
         "(left unchanged)' >&2 ; exit 1 ; }"
     )
-    assert commands[3] == "mkdir -p /var/lib/vz/snippets"
-    assert "chmod 0755 /var/lib/vz/snippets/.pvegpu-hook.pvegpu-new" in str(commands[4])
-    assert len(commands) == 5
+    assert "chmod 0755 /var/lib/vz/snippets/.pvegpu-hook.pvegpu-new" in str(commands[3])
+    assert len(commands) == 4
+
+
+def test_error_directory_check_refuses_a_directory_others_can_write(tmp_path: Path) -> None:
+    directory = tmp_path / "snippets"
+    directory.mkdir()
+    check = directory_check(str(directory)).get_raw_value()
+    directory.chmod(0o755)
+    ok = subprocess.run(["/bin/sh", "-c", check], capture_output=True, text=True, check=False)
+    directory.chmod(0o777)
+    wide = subprocess.run(["/bin/sh", "-c", check], capture_output=True, text=True, check=False)
+    assert (ok.returncode, ok.stderr) == (0, "") if os.geteuid() == 0 else ok.returncode == 1
+    assert (wide.returncode, wide.stderr) == (
+        1,
+        f"pvegpu: {directory} must be owned by root and not writable by group or others to hold the "
+        f"pre-start hookscript, so nothing was written; run: chown root:root {directory} && chmod go-w "
+        f"{directory}\n",
+    )
+
+
+# --- the snippets storage ----------------------------------------------------------------------------------
+
+
+def storage(kind: str, *, shared: bool = False) -> StorageConfig:
+    return StorageConfig("store", ("snippets",), "/mnt/pve/store", "d" * 40, type=kind, shared=shared)
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        (storage("nfs"), "type nfs, shared by every node that mounts it"),
+        (storage("cephfs", shared=True), "type cephfs, shared by every node that mounts it"),
+        (storage("dir", shared=True), "type dir, marked shared 1"),
+    ],
+)
+def test_error_shared_snippets_storage_is_refused_naming_it(config: StorageConfig, why: str) -> None:
+    assert shared_storage_refusal(config) == (
+        f"vm.snippets_storage store is shared ({why}): pvegpu's pre-start hookscript runs as root on every "
+        "VM start, so it goes only to node-local storage; set vm.snippets_storage to a local dir storage "
+        "(local) or vm.self_heal: off"
+    )
+
+
+def test_local_snippets_storage_is_accepted() -> None:
+    assert (shared_storage_refusal(storage("dir")), shared_storage_refusal(storage("btrfs"))) == (None, None)
+
+
+def test_error_self_heal_role_refuses_a_shared_storage_before_any_operation() -> None:
+    api = SimpleNamespace(storage=lambda _storage: storage("cifs"))
+    node = NodeSpec.model_validate(NODE_DATA["node"])
+    with ctx_host.use(FakeHost({})), pytest.raises(OperationError) as error:
+        self_heal(api, node, VmSpec(vmid=100, snippets_storage="store"))  # type: ignore[arg-type]
+    assert str(error.value) == (
+        "pve1: vm.snippets_storage store is shared (type cifs, shared by every node that mounts it): "
+        "pvegpu's pre-start hookscript runs as root on every VM start, so it goes only to node-local "
+        "storage; set vm.snippets_storage to a local dir storage (local) or vm.self_heal: off"
+    )
 
 
 # --- the VM's hookscript key -------------------------------------------------------------------------------

@@ -55,6 +55,11 @@ def test_image_forms() -> None:
     assert by_url.image.stored_name == "debian-12-genericcloud-amd64.qcow2"
 
 
+def test_an_http_url_is_taken_with_its_checksum() -> None:
+    image = ImageUrl(url="http://images.example/a.qcow2", checksum="ab" * 48, checksum_algorithm="sha384")
+    assert (image.url, image.checksum_algorithm) == ("http://images.example/a.qcow2", "sha384")
+
+
 def test_ubuntu_img_is_stored_under_its_file_name() -> None:
     image = ImageUrl(
         url="https://cloud-images.ubuntu.com/noble/current/noble-server-cloudimg-amd64.img",
@@ -76,6 +81,30 @@ def test_ubuntu_img_is_stored_under_its_file_name() -> None:
             ],
         ),
         ({"image": {"url": URL}, "ssh_public_keys": [KEY]}, ["h: vm.image.checksum: is required"]),
+        (
+            {"image": {"url": "http://images.example/a.qcow2"}, "ssh_public_keys": [KEY]},
+            ["h: vm.image.checksum: is required"],
+        ),
+        (
+            {
+                "image": {"url": URL, "checksum": "ab" * 16, "checksum_algorithm": "md5"},
+                "ssh_public_keys": [KEY],
+            },
+            [
+                "h: vm.image.checksum_algorithm: md5 is too weak to trust an image by: use sha256, sha384 or "
+                "sha512"
+            ],
+        ),
+        (
+            {
+                "image": {"url": URL, "checksum": "ab" * 28, "checksum_algorithm": "sha224"},
+                "ssh_public_keys": [KEY],
+            },
+            [
+                "h: vm.image.checksum_algorithm: sha224 is too weak to trust an image by: use sha256, "
+                "sha384 or sha512"
+            ],
+        ),
         (
             {"image": {"volume": "local:import/a.qcow2", "checksum": SHA512}, "ssh_public_keys": [KEY]},
             ["h: vm.image.checksum: unknown field"],

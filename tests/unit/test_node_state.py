@@ -17,9 +17,12 @@ from pvegpu.facts.host_driver import HostDriverFiles
 from pvegpu.facts.node_state import NodeRead, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
 from pvegpu.models.host_driver import HostDriverState
+from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.models.vm import VmSpec
 from pvegpu.node_state import (
     driver_leftovers,
     node_file_sha256,
+    node_request,
     node_state_of,
     running_cmdline,
     unchanged_node_state,
@@ -70,6 +73,17 @@ def test_the_request_is_the_nodes_settings_and_pvegpus_files() -> None:
             sha256_paths=(BUNDLE_PATH,),
         )
     ]
+
+
+def test_a_vm_image_url_asks_for_its_file_digest_while_the_vm_does_not_exist() -> None:
+    image = {"url": "https://x.example/d.qcow2", "checksum": "ab" * 32, "checksum_algorithm": "sha256"}
+    request = node_request(
+        spec_of(NODE_DATA, NODE_KEY, NodeSpec), VmSpec.model_validate({"vmid": 100, "image": image})
+    )
+    assert (request.image_files, request.image_unless) == (
+        (("sha256", "d.qcow2"),),
+        "/etc/pve/nodes/pve1/qemu-server/100.conf",
+    )
 
 
 def test_greenlets_asking_while_the_read_is_on_its_way_share_it() -> None:

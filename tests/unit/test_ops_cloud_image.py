@@ -13,7 +13,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha256File
 
-from pvegpu.facts.node_state import NodeRead
+from pvegpu.facts.node_state import ImageDigest, NodeRead
 from pvegpu.operations.cloud_image import (
     disk_grown,
     disk_size_gib,
@@ -87,9 +87,63 @@ def download(**changes: Any) -> dict[str, Any]:
     }
 
 
-def test_an_image_already_on_the_node_is_not_downloaded_again() -> None:
+IMAGE_PATH = "/var/lib/vz/import/debian-12-genericcloud-amd64.qcow2"
+
+
+def hashed(digest: str | None, algorithm: str = "sha512") -> dict[type, object]:
+    """The node read having hashed the image file at IMAGE_PATH (`digest` None: no such file)."""
+    digests = {} if digest is None else {IMAGE_PATH: digest}
+    return {NodeRead: node_state(image_algorithms={IMAGE_PATH: algorithm}, image_digests=digests)}
+
+
+def on_the_node() -> FakeApi:
+    return FakeApi({("GET", CONTENT): volumes(VOLID), ("GET", "/storage/local"): local_storage("import")})
+
+
+def test_an_image_already_on_the_node_with_the_checksum_is_not_downloaded_again() -> None:
+    api = on_the_node()
+    commands, noops = run_op(image_downloaded, hashed(SUM), **download(api=api.client))
+    assert (commands, noops) == ([], [f"image {VOLID} is on pve1 with the sha512 of vm.image.checksum"])
+    assert api.calls == [("GET", CONTENT, {"content": "import"}), ("GET", "/storage/local", {})]
+
+
+def test_the_stale_image_volume_is_refused_naming_both_sums() -> None:
+    api = on_the_node()
+    stale = "b" * 128
+    with pytest.raises(OperationError) as error:
+        run_op(image_downloaded, hashed(stale), **download(api=api.client))
+    assert str(error.value) == (
+        f"vm.image: volume {VOLID} ({IMAGE_PATH}) on pve1 has sha512 {stale}, vm.image.checksum is {SUM}: "
+        f"remove the volume (pvesm free {VOLID}) or fix vm.image.checksum"
+    )
+    assert api.writes() == []
+
+
+def test_an_image_the_read_did_not_hash_is_hashed_on_its_own() -> None:
+    """The VM's config existed at the read (the leftover of a dead create): the image was not hashed then."""
+    api = on_the_node()
+    facts = {NodeRead: node_state(), ImageDigest: "a" * 64}
+    commands, noops = run_op(
+        image_downloaded, facts, **download(api=api.client, checksum="a" * 64, algorithm="sha256")
+    )
+    assert (commands, noops) == ([], [f"image {VOLID} is on pve1 with the sha256 of vm.image.checksum"])
+
+
+def test_a_listed_volume_without_its_file_is_refused() -> None:
+    api = on_the_node()
+    with pytest.raises(OperationError) as error:
+        run_op(image_downloaded, hashed(None), **download(api=api.client))
+    assert str(error.value) == (
+        f"vm.image: volume {VOLID} is listed on pve1, but {IMAGE_PATH} is not a file: its sha512 cannot be "
+        "checked"
+    )
+
+
+def test_a_volume_given_by_name_is_used_unchecked() -> None:
     api = FakeApi({("GET", CONTENT): volumes(VOLID)})
-    commands, noops = run_op(image_downloaded, {}, **download(api=api.client))
+    commands, noops = run_op(
+        image_downloaded, {}, **download(api=api.client, url=None, checksum=None, algorithm=None)
+    )
     assert (commands, noops) == ([], [f"image {VOLID} is on pve1"])
     assert api.calls == [("GET", CONTENT, {"content": "import"})]
 

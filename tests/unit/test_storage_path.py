@@ -50,7 +50,7 @@ def test_error_a_storage_path_with_shell_syntax_is_refused_naming_the_storage(pa
 
 def test_a_storage_path_with_a_space_is_read() -> None:
     assert _api("/mnt/my store").client.storage("local") == StorageConfig(
-        "local", ("iso", "snippets"), "/mnt/my store", "d1"
+        "local", ("iso", "snippets"), "/mnt/my store", "d1", type="dir"
     )
 
 

@@ -20,8 +20,8 @@ is served by the second.
 
 from pathlib import Path
 
-from pvegpu.guest_inventory import guests_of
-from pvegpu.models.inventory import exit_on_invalid
+from pvegpu.inventory.guests import guests_of
+from pvegpu.inventory.validate import exit_on_invalid
 
 # Debian 12's cloud image. `latest/` moves with each build: take the checksum from the SHA512SUMS beside it
 # on the day the VM is made (or use a dated build directory). The node keeps the file; later runs never

@@ -2,8 +2,8 @@
 `lxc_guests`, `baremetal_hosts`) at concurrency 1 and N, results saved, tabled and plotted on this machine
 (roles/bench.py). Every other host is left alone."""
 
-from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import SERVING
+from pvegpu.run.dispatch import dispatch
 from roles.bench import bench
 
 dispatch("deploy/bench.py", [(SERVING, [bench])])

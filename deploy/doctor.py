@@ -6,8 +6,8 @@ checked against the profile's P2P expectation; on a VM guest first NCCL's lines 
 topology file (roles/nccl_doctor.py). Every other host is left alone.
 """
 
-from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import BAREMETAL_HOSTS, PVE_NODES, SERVING
+from pvegpu.run.dispatch import dispatch
 from roles.doctor import node_report
 from roles.nccl_doctor import nccl_transports
 

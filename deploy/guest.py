@@ -3,8 +3,8 @@
 the host module's version); roles/site.py `serving`. Every other host is left alone (a bare-metal host's
 driver and service come with deploy/site.py)."""
 
-from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import LXC_GUESTS, VM_GUESTS
+from pvegpu.run.dispatch import dispatch
 from roles.site import serving
 
 dispatch("deploy/guest.py", [((VM_GUESTS, LXC_GUESTS), [serving])])

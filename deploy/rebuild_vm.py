@@ -3,8 +3,8 @@ the topology, compare the mappings with it (Proxmox's check-node and pvegpu's di
 per GPU old -> new address and group), reconcile hostpci, start the VM. On each VM guest (`vm_guests`):
 verify it sees its GPUs. Every other host is left alone. A second run changes nothing."""
 
-from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import PVE_NODES, VM_GUESTS
+from pvegpu.run.dispatch import dispatch
 from roles.pci_mapping import pci_mapping
 from roles.q35_vm import guest_check, q35_vm_role
 from roles.vm_reads import read_vm_resources_ahead

@@ -11,8 +11,8 @@ does not exist yet (first run) cannot be reached: run site.py again once it is u
 alone.
 """
 
-from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import PVE_NODES, SERVING
+from pvegpu.run.dispatch import dispatch
 from roles.site import node_site, serving
 
 dispatch("deploy/site.py", [((PVE_NODES,), [node_site]), (SERVING, [serving])])

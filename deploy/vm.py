@@ -1,8 +1,8 @@
 """`pyinfra INVENTORY deploy/vm.py`: on each Proxmox node (group `pve_nodes`), the PCI mappings from the
 live IOMMU groups, then the Q35 VM, started. Every other host is left alone."""
 
-from pvegpu.dispatch import dispatch
 from pvegpu.models.groups import PVE_NODES
+from pvegpu.run.dispatch import dispatch
 from roles.pci_mapping import pci_mapping
 from roles.q35_vm import q35_vm_role
 from roles.vm_reads import read_vm_resources_ahead

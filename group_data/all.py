@@ -1,6 +1,6 @@
 """pyinfra group data for every host (`all`) of any inventory pyinfra loads from the repository root."""
 
-from pvegpu.ssh_nodelay import nodelay_transport
+from pvegpu.pve.nodelay import nodelay_transport
 
-# TCP_NODELAY on pyinfra's SSH connections (pvegpu/ssh_nodelay.py says why).
+# TCP_NODELAY on pyinfra's SSH connections (pvegpu/pve/nodelay.py says why).
 ssh_paramiko_connect_kwargs = {"transport_factory": nodelay_transport}

@@ -9,9 +9,9 @@ when `driver.allow_reboot`), then SGLang on the host (group `baremetal_hosts`) w
 import runpy
 from pathlib import Path
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
-from pvegpu.models.inventory import exit_on_invalid
-from pvegpu.profile_inventory import serving
+from pvegpu.inventory.guests import exit_on_invalid_guests
+from pvegpu.inventory.profiles import serving
+from pvegpu.inventory.validate import exit_on_invalid
 
 _base = runpy.run_path(str(Path(__file__).resolve().parents[1] / "inventory.py"))
 _guest = _base["SERVING"]

@@ -36,8 +36,8 @@ from lab import guest_payload, images
 from lab.hosts import SYSFS_ROOT, LabHost, known_hosts_path, list_hosts
 from lab.pve import api_setup
 from lab.pve import node as pve_node
-from pvegpu.guest_inventory import exit_on_invalid_guests, guests_of
-from pvegpu.models.inventory import exit_on_invalid
+from pvegpu.inventory.guests import exit_on_invalid_guests, guests_of
+from pvegpu.inventory.validate import exit_on_invalid
 
 
 def _node(host: LabHost, profile: str = "vm") -> dict[str, Any]:

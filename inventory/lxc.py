@@ -12,9 +12,9 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
-from pvegpu.models.inventory import exit_on_invalid
-from pvegpu.profile_inventory import serving, with_profile
+from pvegpu.inventory.guests import exit_on_invalid_guests
+from pvegpu.inventory.profiles import serving, with_profile
+from pvegpu.inventory.validate import exit_on_invalid
 
 _base = runpy.run_path(str(Path(__file__).resolve().parents[1] / "inventory.py"))
 _guest = _base["SERVING"]

@@ -263,7 +263,7 @@ def down(name: str) -> bool:
     return found
 
 
-# pvegpu's key files for the guest of VM <vmid> on node <name> (pvegpu/guest_keys.py):
+# pvegpu's key files for the guest of VM <vmid> on node <name> (pvegpu/local/guest_keys.py):
 # guest-keys/<cluster>/<name>-<vmid>_ed25519 and the like, the cluster folder being the node's name for the
 # lab's standalone nodes (any folder counts: a test may give its inventory a cluster).
 GUEST_KEYS_DIR = "guest-keys"

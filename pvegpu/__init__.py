@@ -1,14 +1,20 @@
 """pvegpu: provision a multi-GPU LLM inference node on Proxmox VE, and keep it standing.
 
-Layers (one job each; imports point down only):
+Layers (one job each; imports point down only, one import-linter contract each):
 
     deploy/*.py          entry points: pick roles by host group; no logic
     roles/               @deploy compositions, in order; no parsing, no shell strings
     pvegpu.operations    diff desired vs observed -> commands / API calls, or host.noop(reason)
+    pvegpu.run           the run's per-host memory: plan_of, the node/host state read once, progress, dispatch
     pvegpu.plan          pure functions: (spec, observed) -> desired state; no I/O, no pyinfra
     pvegpu.facts         observe hosts; every remote command line is assembled here, parsed by pure functions
+    pvegpu.pve           the Proxmox API adapter: client, errors, transports (pvesh over SSH, https, local)
+    pvegpu.inventory     inventory-time validation (before any connection), guests_of, profiles, README tables
+    pvegpu.local         the operator's machine: guest keys, create records, host-key probe
+    pvegpu.cli           the `pvegpu` command (offline topology/mapping) and its reports
+    pvegpu.hook          the node's pre-start hook (standard library only)
     pvegpu.models        pydantic specs (declared) and frozen dataclasses (observed)
 
-`pvegpu.cli` is the offline command line (`pvegpu topology`, ...): it reads a captured /sys tree with the
+`pvegpu.cli.main` is the offline command line (`pvegpu topology`, ...): it reads a captured /sys tree with the
 same command and parser the facts use on a live host.
 """

@@ -1,5 +1,5 @@
 """`python -m pvegpu` runs the `pvegpu` command line."""
 
-from pvegpu.cli import main
+from pvegpu.cli.main import main
 
 main(prog_name="pvegpu")

@@ -17,14 +17,15 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 from pyinfra.operations import files, python
 
-from pvegpu.bench_report import write_reports
-from pvegpu.facts.nccl import topology_file_read, uses_p2p
+from pvegpu.cli.bench_report import write_reports
+from pvegpu.facts.nccl import topology_file_read
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
-from pvegpu.host_plan import plan_of
-from pvegpu.host_state import state_of
 from pvegpu.operations.bench import serving_benchmark
 from pvegpu.plan.bench import SpeedSettings, bench_argv, speed_settings
+from pvegpu.plan.nccl_transports import uses_p2p
 from pvegpu.plan.sglang_service import probe_host
+from pvegpu.run.host_state import state_of
+from pvegpu.run.plan import plan_of
 
 REMOTE_DIR = "/var/lib/pvegpu/bench"
 

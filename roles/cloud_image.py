@@ -14,7 +14,8 @@ from pathlib import Path
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.guest_keys import (
+from pvegpu.local.files import LocalWriteError
+from pvegpu.local.guest_keys import (
     GuestKeyError,
     GuestPlace,
     adopt_name_keyed_files,
@@ -22,8 +23,6 @@ from pvegpu.guest_keys import (
     host_key_files,
     login_key_files,
 )
-from pvegpu.host_plan import plan_of
-from pvegpu.local_files import LocalWriteError
 from pvegpu.models.pve import GuestConfig
 from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.operations.cloud_image import image_downloaded, snippet_file
@@ -31,7 +30,9 @@ from pvegpu.operations.guest_known import GuestIdentity
 from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.plan.cloud_init import image_volid, made_by_cloud_init, snippet_name, static_address, user_data
 from pvegpu.plan.guest_leftovers import left_by_a_create
-from pvegpu.pve import PveClient, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.run.plan import plan_of
 from roles.snippets import snippets_directory
 
 

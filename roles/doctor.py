@@ -12,12 +12,11 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 from pyinfra.facts.files import Sha256File
 
+from pvegpu.cli.report import render_table
 from pvegpu.facts.host_checks import HostChecks
-from pvegpu.facts.pve import PveSetupError, pve_client
 from pvegpu.hook.bundle import BUNDLE_PATH, build, wrapper
-from pvegpu.host_plan import plan_of
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import NodeSpec
+from pvegpu.models.node import NodeSpec
 from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
 from pvegpu.plan.node import NodePlan
@@ -30,8 +29,9 @@ from pvegpu.plan.privileges import (
 )
 from pvegpu.plan.topology import Topology
 from pvegpu.plan.vm import HOOKSCRIPT, hookscript_volid, is_pvegpu_hookscript
-from pvegpu.pve import PveError
-from pvegpu.report import render_table
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.host_client import PveSetupError, pve_client
+from pvegpu.run.plan import plan_of
 
 # Where the JSON reports go on the operator's machine (one file per host); relative to the working directory.
 REPORT_DIR_ENV = "PVEGPU_DOCTOR_DIR"

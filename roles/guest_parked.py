@@ -15,12 +15,12 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.facts.pve import pve_client
-from pvegpu.host_plan import plan_of
 from pvegpu.models.lxc import LXC_KEY
 from pvegpu.models.vm import VM_KEY
 from pvegpu.operations.pve_guest import CT, VM, GuestKind, Ownership, guest_parked
 from pvegpu.plan.ownership import owner_id
+from pvegpu.pve.host_client import pve_client
+from pvegpu.run.plan import plan_of
 
 # Each kind's deploy name, and the host data key that declares its managed guest.
 _PARKING: dict[GuestKind, tuple[str, str]] = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.host_plan import plan_of
 from pvegpu.operations.host_driver import host_driver_parked
+from pvegpu.run.plan import plan_of
 
 
 @deploy("Park what the host-driver profiles left on the host")

@@ -19,13 +19,11 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.create_records import ledger_beside
 from pvegpu.facts.boot import PveVersion
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, NvidiaDeviceNodes
 from pvegpu.facts.nvidia import NvidiaModule
-from pvegpu.facts.pve import pve_client
-from pvegpu.host_plan import plan_of
-from pvegpu.models.inventory import KNOWN_HOSTS_KEY
+from pvegpu.inventory.validate import KNOWN_HOSTS_KEY
+from pvegpu.local.create_records import ledger_beside
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
 from pvegpu.operations.pve_guest import CT, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.plan.errors import PlanError
@@ -38,6 +36,8 @@ from pvegpu.plan.lxc import (
     raw_lines,
 )
 from pvegpu.plan.ownership import owner_id
+from pvegpu.pve.host_client import pve_client
+from pvegpu.run.plan import plan_of
 
 
 @deploy("Create and start the GPU container")

@@ -9,11 +9,12 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.facts.nccl import check_transports, summarize
 from pvegpu.facts.nccl_journal import topology_file_report
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclRuns
-from pvegpu.host_plan import plan_of
+from pvegpu.models.nccl import summarize
+from pvegpu.plan.nccl_transports import check_transports
 from pvegpu.plan.sglang_service import SERVICE
+from pvegpu.run.plan import plan_of
 
 
 @deploy("Report the NCCL transports SGLang uses")

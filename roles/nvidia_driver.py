@@ -25,8 +25,6 @@ from pyinfra.context import host
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.host_plan import plan_of
-from pvegpu.host_state import state_of
 from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
 from pvegpu.operations.render import render
 from pvegpu.operations.state import file_content, packages, service
@@ -49,6 +47,8 @@ from pvegpu.plan.driver import (
 )
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
+from pvegpu.run.host_state import state_of
+from pvegpu.run.plan import plan_of
 
 
 @deploy("Install the NVIDIA driver")

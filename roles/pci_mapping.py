@@ -17,14 +17,14 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory
 
-from pvegpu.facts.pve import api_spec, pve_client
-from pvegpu.host_plan import plan_of
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.operations.mapping import foreign_mappings, pci_mappings
 from pvegpu.plan.mapping import MappingPlanError, plan_mappings
 from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.p2p import clique_args, plan_cliques, single_function_gpus
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.host_client import api_spec, pve_client
+from pvegpu.run.plan import plan_of
 
 
 def cluster_hosts(target: Host) -> list[Host]:

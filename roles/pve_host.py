@@ -13,13 +13,13 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.host_plan import plan_of
 from pvegpu.models.boot import BootLoaderKind
-from pvegpu.node_state import node_state_of
 from pvegpu.operations.cmdline import cmdline_tokens
 from pvegpu.operations.reboot import reboot_if_pending, reboot_planned, refuse_foreign_reboot
 from pvegpu.operations.vfio import vfio_config
 from pvegpu.plan.cmdline import retired_tokens
+from pvegpu.run.node_state import node_state_of
+from pvegpu.run.plan import plan_of
 
 
 @deploy("Prepare the Proxmox host")

@@ -22,11 +22,9 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.create_records import ledger_beside
 from pvegpu.facts.hardware import PciHardware
-from pvegpu.facts.pve import pve_client
-from pvegpu.host_plan import plan_of
-from pvegpu.models.inventory import KNOWN_HOSTS_KEY
+from pvegpu.inventory.validate import KNOWN_HOSTS_KEY
+from pvegpu.local.create_records import ledger_beside
 from pvegpu.operations.cloud_image import disk_grown
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
@@ -37,6 +35,8 @@ from pvegpu.plan.mmio import mmio_refusal
 from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.p2p import clique_args, plan_cliques
 from pvegpu.plan.vm import create_keys, unbound_functions, vm_config
+from pvegpu.pve.host_client import pve_client
+from pvegpu.run.plan import plan_of
 from roles.cloud_image import cloud_image
 from roles.self_heal import self_heal
 from roles.snippets import storages_offer

@@ -14,11 +14,11 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
 from pvegpu.hook.bundle import build, wrapper
-from pvegpu.models.inventory import NodeSpec
+from pvegpu.models.node import NodeSpec
 from pvegpu.models.vm import VmSpec
 from pvegpu.operations.hook import hook_installed, shared_storage_refusal
 from pvegpu.plan.vm import HOOKSCRIPT
-from pvegpu.pve import PveClient
+from pvegpu.pve.client import PveClient
 from roles.snippets import directory_of, snippets_storage
 
 

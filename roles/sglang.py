@@ -20,9 +20,7 @@ from pyinfra.context import host
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.guest_inventory import GUEST_OF_KEY
-from pvegpu.host_plan import node_host_of, plan_of
-from pvegpu.host_state import PVEGPU_ETC, PVEGPU_LIB, node_p2p, sglang_home, state_of
+from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
@@ -44,6 +42,8 @@ from pvegpu.plan.sglang_service import (
     key_file_problems,
     probe_target,
 )
+from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, node_p2p, sglang_home, state_of
+from pvegpu.run.plan import node_host_of, plan_of
 
 _P2P_NOTE = (
     "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
@@ -187,7 +187,7 @@ def _guest_nccl_topo() -> NcclTopo | None:
     hand; or an inventory of guests only). PlanError when its GPUs do not map to the node's cards.
 
     The node is read through pyinfra's inventory (its plan, from the node's one state read over its own
-    connection, pvegpu/node_state.py): one plan per host, and the file a compared write in the guest.
+    connection, pvegpu/run/node_state.py): one plan per host, and the file a compared write in the guest.
     """
     node_host = node_host_of(host)
     if node_host is None:

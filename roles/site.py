@@ -12,9 +12,9 @@ from __future__ import annotations
 from pyinfra import logger
 from pyinfra.context import host
 
-from pvegpu.host_plan import plan_of
-from pvegpu.host_state import read_serving_host
 from pvegpu.operations.pve_guest import CT, VM
+from pvegpu.run.host_state import read_serving_host
+from pvegpu.run.plan import plan_of
 from roles.guest_parked import guest_parked_role
 from roles.host_driver import host_driver_parked_role
 from roles.lxc_gpu import lxc_gpu

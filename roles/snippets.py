@@ -10,7 +10,8 @@ from pyinfra.context import host
 from pvegpu.models.pve import StorageConfig
 from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.operations.cloud_image import storage_content
-from pvegpu.pve import PveClient, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
 
 
 def storages_used(spec: VmSpec) -> dict[str, list[str]]:

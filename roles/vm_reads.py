@@ -1,8 +1,9 @@
 """The `vm` step's Proxmox API reads, answered or sent at once while pyinfra prepares the node.
 
 The VM's config, the storages its files use and the PCI mappings with this node's checks (when this node
-syncs them) are answered from the files the node's one read brought (pvegpu/node_state.py,
-pvegpu/facts/pve_files.py; pvegpu.facts.pve `seed`), and the VM's status from its QEMU process in that read
+syncs them) are answered from the files the node's one read brought (pvegpu/run/node_state.py,
+pvegpu/facts/pve_files.py; pvegpu.pve.host_client `seed`), and the VM's status from its QEMU process in
+that read
 (`seed_status`: while nothing ran on the node and pvegpu wrote nothing through the API), else sent
 (`read_ahead`).
 Each operation then takes its answer from its first read, so the reads cost at most one round trip together,
@@ -14,12 +15,12 @@ from collections.abc import Callable
 
 from pyinfra.context import host
 
-from pvegpu.facts.node_state import STORAGE_CFG
-from pvegpu.facts.pve import pve_client, read_ahead, seed, seed_status
+from pvegpu.facts.node_read import STORAGE_CFG
 from pvegpu.facts.pve_files import mappings_answer, qemu_config_answer, qemu_status_answer, storage_answer
 from pvegpu.models.specs import host_specs
-from pvegpu.node_state import MAPPING_CFG, node_state_of, unchanged_node_state, vm_config_path
-from pvegpu.pve import PveClient
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.host_client import pve_client, read_ahead, seed, seed_status
+from pvegpu.run.node_state import MAPPING_CFG, node_state_of, unchanged_node_state, vm_config_path
 from roles.pci_mapping import syncs_mappings
 from roles.snippets import storages_used
 

@@ -18,7 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pvegpu.models.inventory import ROLE_SPECS, spec_table_markdown  # noqa: E402
+from pvegpu.inventory.tables import spec_table_markdown  # noqa: E402
+from pvegpu.inventory.validate import ROLE_SPECS  # noqa: E402
 from pvegpu.models.pve_privileges import ACL_PATH, PVE_PRIVILEGES, ROLE_NAME, privilege_names  # noqa: E402
 
 README = REPO / "README.md"

@@ -27,7 +27,7 @@
 
 `parse_state` is pure and strict: output of another shape raises FactParseError naming the line. A request
 names only what the plan knows before anything is read (the roles' paths, units, users, venvs), so one read
-serves every operation of a run (`pvegpu.host_state`).
+serves every operation of a run (`pvegpu.run.host_state`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class HostState:
 
     def path(self, path: str) -> PathState:
         if path not in self.paths:
-            raise KeyError(f"{path} is not in the host state read (pvegpu.host_state.state_request)")
+            raise KeyError(f"{path} is not in the host state read (pvegpu.run.host_state.state_request)")
         return self.paths[path]
 
 
@@ -393,7 +393,7 @@ def _records(lines: list[tuple[int, str]]) -> dict[str, str | None]:
 
 class GuestState(FactBase[HostState]):
     """`host.get_fact(GuestState, request=StateRequest(...))` (module docstring). Read it through
-    `pvegpu.host_state.state_of`, which reads it once per host and run."""
+    `pvegpu.run.host_state.state_of`, which reads it once per host and run."""
 
     # The request, for `process`: pyinfra calls `command` and `process` on one instance.
     request: StateRequest | None = None

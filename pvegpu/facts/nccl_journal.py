@@ -21,13 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.nccl import (
-    ChannelTransport,
-    parse_transports,
-    summarize,
-    topology_file_lines,
-    topology_file_read,
-)
+from pvegpu.facts.nccl import parse_transports, topology_file_lines, topology_file_read
+from pvegpu.models.nccl import ChannelTransport, summarize
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The node's bootloader (`boot.BootLoader`) and pvegpu's boot files (`pvegpu_boot.PvegpuBootFiles`) in ONE
-command (`node_boot_command`, the `boot` part of the node's state read, pvegpu/facts/node_state.py): the two
+command (`node_boot_command`, the `boot` part of the node's state read, pvegpu/facts/node_read.py): the two
 facts' commands one after the other, each output ending with its `#pvegpu:end` marker, parsed by the facts'
 own parsers (`parse_node_boot`, pure)."""
 

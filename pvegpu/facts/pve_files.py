@@ -1,5 +1,5 @@
 """Proxmox's answers to three reads, computed from the config files the node's one read brings (its `pve`
-part, pvegpu/facts/node_state.py), so that a no-op run need not ask the API for them (a `pvesh` each):
+part, pvegpu/facts/node_read.py), so that a no-op run need not ask the API for them (a `pvesh` each):
 
 - `qemu_config_answer(raw)`: `GET /nodes/{node}/qemu/{vmid}/config` of `/etc/pve/qemu-server/<vmid>.conf`,
   as qemu-server's `parse_vm_config` and the API's `vm_config` give it: the main section's keys, integers

@@ -55,7 +55,7 @@ def parse_serving_read(lines: Sequence[str]) -> ServingState:
 
 class ServingRead(FactBase[ServingState]):
     """`host.get_fact(ServingRead, sysfs_root=..., request=StateRequest(...))` (module docstring). Read it
-    through `pvegpu.host_state.read_serving_host`, which shares it with the plan and the operations."""
+    through `pvegpu.run.host_state.read_serving_host`, which shares it with the plan and the operations."""
 
     # The state's request, for `process`: pyinfra calls `command` and `process` on one instance.
     request: StateRequest | None = None

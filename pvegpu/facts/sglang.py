@@ -20,8 +20,9 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.nccl import ChannelTransport, parse_transports, topology_file_lines
+from pvegpu.facts.nccl import parse_transports, topology_file_lines
 from pvegpu.facts.nccl_journal import NcclRuns, parse_nccl_runs
+from pvegpu.models.nccl import ChannelTransport
 from pvegpu.models.sglang import ProbeTarget
 
 PACKAGE = "sglang"

@@ -1,5 +1,6 @@
 """The inventory groups pvegpu's deploys act on. An inventory puts each host in the group of what it is;
-each deploy entry point names the groups it acts on and leaves every other host alone (pvegpu/dispatch.py).
+each deploy entry point names the groups it acts on and leaves every other host alone
+(pvegpu/run/dispatch.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     ("pve1", {"node": {...}, "pve": {"backend": "https", "token_id": "pvegpu@pve!deploy",
                                      "token_file": "/etc/pvegpu/pve-token"}})
 
-Backends (pvegpu/pve.py): `ssh` (default) runs `pvesh` on the node over SSH with the host's own pyinfra SSH
+Backends (pvegpu/pve/): `ssh` (default) runs `pvesh` on the node over SSH with the host's own pyinfra SSH
 settings (`ssh_hostname`, `ssh_user`, `ssh_key`, `ssh_known_hosts_file`) unless given here; the host key
 must be known. `https` uses an API token whose secret is read from `token_file` on the machine running
 pyinfra (the secret-file rules of `pvegpu.models.secret_file`; never printed).

@@ -2,7 +2,7 @@
 
 An API token is never root@pam (its user is `<user>@<realm>!<name>`), so a write that carries one of these
 keys goes through root's `pvesh` on the node (pvegpu.pve `RootRouted`) or is refused before any host is
-touched (pvegpu.models.inventory). From the upstream checks, which run for the keys set and for the keys
+touched (pvegpu.inventory.validate). From the upstream checks, which run for the keys set and for the keys
 named in `delete` alike:
 
 - qemu-server `src/PVE/API2/Qemu.pm` `$check_vm_modify_config_perm`: a VM config key outside its allowed

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pvegpu.models.bench import BENCH_KEY, BenchSpec
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.host import HOST_KEY, HostSpec
-from pvegpu.models.inventory import NODE_KEY, HostDataLike, NodeSpec, spec_of
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
 from pvegpu.models.mapping import MAPPING_KEY, MappingSpec
+from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.spec_validation import HostDataLike, spec_of
 from pvegpu.models.vm import VM_KEY, VmSpec
 
 

@@ -27,8 +27,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from pvegpu.pve import PveConnectionError, PveError
-from pvegpu.run_progress import note_api_cut
+from pvegpu.pve.errors import PveConnectionError, PveError
+from pvegpu.run.progress import note_api_cut
 
 _P = ParamSpec("_P")
 _C = TypeVar("_C", bound=PyinfraCommand)

@@ -27,11 +27,13 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.node_state import node_file_sha256, node_image_digest
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.files import upload_secret_file
 from pvegpu.operations.pve_guest import VM, Guest
-from pvegpu.pve import Params, PveClient, PveError, TaskFailedError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError, TaskFailedError
+from pvegpu.pve.transport import Params
+from pvegpu.run.node_state import node_file_sha256, node_image_digest
 
 _SIZE = re.compile(r"(?:^|,)size=(\d+(?:\.\d+)?)([KMGT]?)(?:,|$)")
 _UNIT_GIB = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0, "": 1 / 1024**3}

@@ -33,10 +33,10 @@ from pvegpu.facts.pvegpu_boot import (
     BootFiles,
 )
 from pvegpu.models.boot import BootLoaderInfo, BootLoaderKind
-from pvegpu.node_state import running_cmdline
 from pvegpu.operations.files import regenerate, write_file
 from pvegpu.operations.render import render
 from pvegpu.plan.cmdline import booted_base, cmdline_damage, edit_cmdline, lacking, unsafe_cmdline
+from pvegpu.run.node_state import running_cmdline
 
 GRUB_TEMPLATE = "pve_host/grub-pvegpu.cfg.j2"
 # As update-grub reads the drop-in: sourced by /bin/sh.
@@ -53,7 +53,7 @@ def cmdline_tokens(
 
     `boot` and `files` are the node's bootloader and boot files, read once by the role
     (`proxmox-boot-tool status` mounts every ESP: not twice per run); the running command line (systemd-boot
-    only, read at `cmdline_path`) comes from the same read while nothing changed (pvegpu/node_state.py).
+    only, read at `cmdline_path`) comes from the same read while nothing changed (pvegpu/run/node_state.py).
     Refuses (OperationError) an UNKNOWN bootloader, systemd-boot without /etc/kernel/cmdline, and an unsafe
     systemd-boot line (module docstring).
     """

@@ -45,7 +45,8 @@ from pvegpu.plan.convert import (
 from pvegpu.plan.guest_leftovers import left_by_a_create
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm
-from pvegpu.pve import PveClient, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
 
 
 @operation()

@@ -1,5 +1,5 @@
 """A cloud-image VM's guest, known before anyone logs in: its address and the host key pvegpu gave it are
-in the known_hosts file the inventory uses (`pvegpu.guest_keys`), so pyinfra's first contact is strict.
+in the known_hosts file the inventory uses (`pvegpu.local.guest_keys`), so pyinfra's first contact is strict.
 
 - a static address (`vm.ipconfig ip=A/N`): the known_hosts line is written from the inventory alone;
 - DHCP: the address is what the QEMU guest agent reports for the VM's `net0` MAC, read through the API
@@ -23,14 +23,15 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.guest_keys import known_host_recorded, record_address, record_known_host, recorded_address
-from pvegpu.host_key_probe import HostKeyMismatchError, wait_for_host_key
-from pvegpu.local_files import LocalWriteError
+from pvegpu.local.files import LocalWriteError
+from pvegpu.local.guest_keys import known_host_recorded, record_address, record_known_host, recorded_address
+from pvegpu.local.host_key_probe import HostKeyMismatchError, wait_for_host_key
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.plan.convert import net0_mac
 from pvegpu.plan.guest_address import GuestAddressError, net0_address
-from pvegpu.pve import PveClient, PveError
-from pvegpu.wait import WaitTimeoutError, wait_until
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from pyinfra.context import host
 
 from pvegpu.hook.bundle import BUNDLE_PATH, Bundle
 from pvegpu.models.pve import StorageConfig
-from pvegpu.node_state import node_file_sha256
 from pvegpu.operations.files import install_staged, temp_path, write_file
+from pvegpu.run.node_state import node_file_sha256
 
 # pve-storage src/PVE/Storage/Plugin.pm @SHARED_STORAGE (parse_config sets `shared` for them), and glusterfs,
 # shared as long as Proxmox shipped it (PVE 8); only the ones with a directory can offer snippets.

@@ -14,8 +14,8 @@ from pyinfra.api.command import QuoteString, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.node_state import driver_leftovers
 from pvegpu.plan.host_driver import plan_host_driver_park
+from pvegpu.run.node_state import driver_leftovers
 
 _NOTHING_LEFT = {
     "vm": "nothing loads or uses the NVIDIA driver on this host at boot",

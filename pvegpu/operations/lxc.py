@@ -18,10 +18,10 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.create_records import CreateLedger
+from pvegpu.local.create_records import CreateLedger
 from pvegpu.operations.pve_guest import CT, Guest, Ownership, converge
 from pvegpu.plan.lxc import diff_container, raw_line_problem, raw_of, version_drift
-from pvegpu.pve import PveClient
+from pvegpu.pve.client import PveClient
 
 LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
 

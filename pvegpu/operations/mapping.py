@@ -39,7 +39,8 @@ from pvegpu.models.pve import MapEntry, MapEntryError, MappingState, PciMapping,
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.plan.mapping import Action, MappingChange, diff_mappings, managed_index
 from pvegpu.plan.ownership import refusal
-from pvegpu.pve import PveClient, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
 
 
 @operation()

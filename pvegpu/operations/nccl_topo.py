@@ -13,9 +13,9 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.host_state import state_of
 from pvegpu.operations.files import write_file
 from pvegpu.plan.nccl_topo import TOPO_FILE
+from pvegpu.run.host_state import state_of
 
 
 @operation()

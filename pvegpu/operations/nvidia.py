@@ -1,6 +1,6 @@
 """NVIDIA driver operations: the CUDA apt repository, the loaded kernel module (reboot), verification.
 
-They decide from the host's one state read (`pvegpu.host_state.state_of`: the keyring, the list file's
+They decide from the host's one state read (`pvegpu.run.host_state.state_of`: the keyring, the list file's
 sha256, the loaded module, nvidia-smi); packages, files and units are `pvegpu.operations.state`'s.
 """
 
@@ -23,7 +23,6 @@ from pvegpu.facts.nvidia import (
     parse_version_file,
     version_file_command,
 )
-from pvegpu.host_state import state_of
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.operations.api_command import api_command
 from pvegpu.operations.files import write_file
@@ -35,6 +34,7 @@ from pvegpu.plan.driver import (
     module_mismatch,
     verify_problems,
 )
+from pvegpu.run.host_state import state_of
 
 KEYRING_DOWNLOAD = "/tmp/pvegpu-cuda-keyring.deb"
 

@@ -47,10 +47,10 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.facts.p2p_record import parse_record
-from pvegpu.guest_inventory import GUEST_OF_KEY
-from pvegpu.models.inventory import spec_of
+from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.p2p import RECORD_PATH, Identity, Record
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.operations.vm import StartFailedError, cold_restart, guest_in_run
@@ -72,8 +72,10 @@ from pvegpu.plan.p2p import (
     vm_devices,
 )
 from pvegpu.plan.vm import cpu_hidden, merge_args
-from pvegpu.pve import PveClient, PveError, Value
-from pvegpu.wait import WaitTimeoutError, wait_until
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.transport import Value
+from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 KILL_AFTER_S = 5  # `timeout --kill-after`: a probe that ignores SIGTERM gets SIGKILL this much later
 POLL_S = 1.0

@@ -41,7 +41,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.create_records import CreateLedger
+from pvegpu.local.create_records import CreateLedger
 from pvegpu.models.pve import GuestConfig, StorageVolume, TaskStatus
 from pvegpu.models.pve_root_only import ROOT_USER
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
@@ -59,15 +59,10 @@ from pvegpu.plan.dead_create import (
 )
 from pvegpu.plan.guest_leftovers import left_by_a_create, unfinished
 from pvegpu.plan.ownership import guest_mark, guest_mark_keys, refusal
-from pvegpu.pve import (
-    Params,
-    PveClient,
-    PveConnectionError,
-    PveError,
-    PveResponseError,
-    TaskFailedError,
-)
-from pvegpu.wait import WaitTimeoutError, wait_until
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveConnectionError, PveError, PveResponseError, TaskFailedError
+from pvegpu.pve.transport import Params
+from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 
 @dataclass(frozen=True)
@@ -296,7 +291,7 @@ def converge(
     the PUT of `diff(current values)` with the read's digest, each change logged. Noop with the sentence
     `unchanged` when nothing differs. `diff` may raise OperationError (a refusal).
 
-    `ledger` keeps pvegpu's record of each create it sends (pvegpu/create_records.py; None: no records).
+    `ledger` keeps pvegpu's record of each create it sends (pvegpu/local/create_records.py; None: no records).
     A guest locked `create`, or never completely created, is what a create left: when its create task has
     ended and the record proves it pvegpu's, a warning names the task and the guest is unlocked, destroyed
     and created again in this run; else it is reported with its task and the exact command (`locked`,

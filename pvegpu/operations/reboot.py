@@ -23,7 +23,6 @@ from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.node_guests import NodeGuestList
 from pvegpu.models.hardware import HostHardware
-from pvegpu.node_state import running_cmdline
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.plan.reboot import (
     FOREIGN_SWITCH,
@@ -33,7 +32,8 @@ from pvegpu.plan.reboot import (
     pending_message,
     pending_reasons,
 )
-from pvegpu.wait import WaitTimeoutError, wait_until
+from pvegpu.run.node_state import running_cmdline
+from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 # The reboot is detached so the SSH channel closes at once (as pyinfra's server.reboot does).
 REBOOT = "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"

@@ -1,6 +1,6 @@
 """SGLang operations: the pinned package in its venv, the model download, and readiness after a start.
 
-The venv and the model decide from the host's one state read (`pvegpu.host_state.state_of`); the user,
+The venv and the model decide from the host's one state read (`pvegpu.run.host_state.state_of`); the user,
 files, unit and restarts are `pvegpu.operations.state`'s.
 """
 
@@ -14,11 +14,11 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.facts.sglang import SglangProbe, VenvState, parse_probe, probe_command
-from pvegpu.host_state import state_of, unchanged_state
 from pvegpu.models.sglang import ProbeTarget
 from pvegpu.operations.api_command import api_command
 from pvegpu.plan.sglang_service import SERVICE
-from pvegpu.wait import WaitTimeoutError, wait_until
+from pvegpu.run.host_state import state_of, unchanged_state
+from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 _POLL_S = 2.0
 JOURNAL_LINES = 20

@@ -7,7 +7,8 @@ device "hostpci0" defined`, naming the part it refused) is only in the task log,
 
 from __future__ import annotations
 
-from pvegpu.pve import PveClient, PveError, TaskFailedError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError, TaskFailedError
 
 
 def start_failure(api: PveClient, error: TaskFailedError) -> str:

@@ -1,4 +1,5 @@
-"""Operations that decide from the host's one state read (`pvegpu.host_state.state_of`), in place of pyinfra's
+"""Operations that decide from the host's one state read (`pvegpu.run.host_state.state_of`), in place of
+pyinfra's
 `files.put`, `files.directory`, `apt.packages`, `systemd.service`, `server.group` and `server.user`.
 
 Each yields the commands pyinfra's would on a change (a file goes through
@@ -24,9 +25,9 @@ from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.packaging import ensure_packages
 from pyinfra.operations.util.service import handle_service_control
 
-from pvegpu.host_state import state_of
 from pvegpu.models.guest_state import PathState, UnitState
 from pvegpu.operations.files import write_file
+from pvegpu.run.host_state import state_of
 
 SYSTEMCTL = "systemctl {1} {0}"
 

@@ -26,15 +26,16 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state, host
 
-from pvegpu.create_records import CreateLedger
-from pvegpu.guest_inventory import GUEST_OF_KEY
+from pvegpu.inventory.guests import GUEST_OF_KEY
+from pvegpu.local.create_records import CreateLedger
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.pve_guest import VM, Guest, Ownership, converge, wait_status
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm, nvidia_gpus, pending_keys, pending_report
-from pvegpu.pve import PveClient, PveError, TaskFailedError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError, TaskFailedError
 
 
 @operation()

@@ -3,7 +3,7 @@
 `bench_argv` builds `python -m sglang.benchmark.serving` (SGLang 0.5.23's entry point; `sglang.bench_serving`
 is its deprecated alias) with the offline dataset `random-ids` (`random` downloads ShareGPT). `parse_results`
 reads the tool's JSONL (one object per run, keys as in the knowledge file section 1.4); `results_table`
-and `history_line` turn the rows into the files the operator keeps (the plots: `pvegpu.bench_report`).
+and `history_line` turn the rows into the files the operator keeps (the plots: `pvegpu.cli.bench_report`).
 
 Each run is labelled with the VM speed settings in force when it ran (`SpeedSettings`, read from the serving
 host by roles/bench.py, never typed by the operator): the guest's NUMA nodes (`vm.numa_layout`), whether NCCL

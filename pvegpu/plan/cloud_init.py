@@ -52,7 +52,7 @@ def made_by_cloud_init(values: Mapping[str, object], spec: VmSpec) -> bool:
 
 def user_data(spec: VmSpec, host_key_private: str, host_key_public: str, login_public: str) -> str:
     """The `#cloud-config` user-data of the module docstring; the host key halves and the public half of
-    pyinfra's login key (`pvegpu.guest_keys.login_key_files`) in OpenSSH format."""
+    pyinfra's login key (`pvegpu.local.guest_keys.login_key_files`) in OpenSSH format."""
     keys = [login_public, *spec.ssh_public_keys]
     user: dict[str, Any] = {"name": spec.user, "ssh_authorized_keys": keys}
     if spec.user != "root":

@@ -1,6 +1,7 @@
 """Whether the dead create task a guest's leftovers came from is pvegpu's own. Pure.
 
-pvegpu records each create before it POSTs it (pvegpu/create_records.py): the time it sent the POST, and the
+pvegpu records each create before it POSTs it (pvegpu/local/create_records.py): the time it sent the POST,
+and the
 task's UPID once the POST answered with one. A create killed under pvesh never answers (pvesh prints the
 UPID only when the task has ended), so the UPID is often unknown. The dead task is pvegpu's when:
 

@@ -3,14 +3,14 @@
 `check_guest(node, driver, sglang)` returns one `<key>.<field>: message` line per problem:
 the driver flavour against the node's GPU ids, `tp_size x pp_size` against `node.gpus.count`, the full
 `sglang serve` argv (with the profile's flags) against the pinned option table, and operator environment
-variables and extra arguments the profile refuses. `pvegpu.guest_inventory.exit_on_invalid_guests` runs it
+variables and extra arguments the profile refuses. `pvegpu.inventory.guests.exit_on_invalid_guests` runs it
 at inventory load.
 """
 
 from __future__ import annotations
 
 from pvegpu.models.driver import DriverSpec
-from pvegpu.models.inventory import NodeSpec
+from pvegpu.models.node import NodeSpec
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.driver import flavour_problems
 from pvegpu.plan.errors import PlanError

@@ -3,7 +3,7 @@
 Everything the roles need to decide, derived once from the host's validated specs, its inventory groups and
 what was observed (the PCI hardware; on a Proxmox node also the CPU vendor and kernel release): the GPU
 topology, the profile's GPU functions, the PCI mapping ids, the vfio, MMIO and VM NUMA plans, and the
-profile's steps (what to park, what waits and why). Roles read the plan (`pvegpu.host_plan.plan_of(host)`)
+profile's steps (what to park, what waits and why). Roles read the plan (`pvegpu.run.plan.plan_of(host)`)
 and never derive any of it again. What cannot be planned is kept as `problem` (a `path: message` sentence
 naming the inventory field) and raised by the first role that needs the missing part, before any host is
 changed.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pvegpu.models.groups import BAREMETAL_HOSTS, LXC_GUESTS, PVE_NODES, VM_GUESTS
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.plan.cmdline import desired_tokens
 from pvegpu.plan.driver import Placement
 from pvegpu.plan.topology import Topology, require_gpus

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts, images
-from pvegpu.guest_keys import GuestPlace, host_key_files, recorded_address
+from pvegpu.local.guest_keys import GuestPlace, host_key_files, recorded_address
 
 pytestmark = pytest.mark.lab
 

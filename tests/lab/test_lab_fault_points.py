@@ -36,7 +36,7 @@ Issue 12's fault points, and where each is proven ("row": a row of ROWS here):
    tests/lab/test_demo.py (two connections closed, run 1 passes), tests/unit/test_pve_reconnect.py
 
 Issue 24's point 8: every run whose connection is cut ends with one line for the node naming the step
-(pvegpu/run_progress.py `cut_line`), no traceback (no gevent greenlet's, no paramiko handshake's): the cut
+(pvegpu/run/progress.py `cut_line`), no traceback (no gevent greenlet's, no paramiko handshake's): the cut
 rows here; the node's link down for 20 s in the reboot wait (row grub-link-down-in-reboot-wait: the wait
 outlasts it, the run passes); the link down in the mapping sync, a frozen then killed API session in it,
 and pyinfra's connection cut before an operation that reads a fact:
@@ -53,7 +53,7 @@ from typing import Literal, cast
 import pytest
 
 from lab import boot, faults, hosts
-from pvegpu.run_progress import cut_line
+from pvegpu.run.progress import cut_line
 from tests.lab.test_lab_host import boot_state, deploy, read, reboots
 
 pytestmark = pytest.mark.lab

@@ -9,7 +9,7 @@ itself stays faithful).
   endpoint, nothing written (no mapping, no image, no VM), no traceback; the killed create is reported with
   its task and "run again" (the next run repairs it: no `qm unlock` by hand), nor taken for an installed VM
   to convert. pvegpu recorded that create before
-  it sent it (pvegpu/create_records.py): without the record, the next run reports the dead create as not
+  it sent it (pvegpu/local/create_records.py): without the record, the next run reports the dead create as not
   provably pvegpu's and leaves it; with it, ONE run (no operator action) unlocks and destroys what the dead
   create left (its volumes too) and creates the VM again, the guest joins the next run's inventory and that
   run changes nothing.
@@ -40,9 +40,9 @@ import pytest
 
 from lab import boot, faults, hosts, images
 from lab.pve import node as pve_node
-from pvegpu.create_records import ledger_beside
-from pvegpu.guest_keys import GuestPlace, login_key_files
-from pvegpu.run_progress import cut_line
+from pvegpu.local.create_records import ledger_beside
+from pvegpu.local.guest_keys import GuestPlace, login_key_files
+from pvegpu.run.progress import cut_line
 from tests.lab.test_lab_vm import START, SYNC, VM, guest_gpus, mappings, prepare_host, run
 
 pytestmark = pytest.mark.lab

@@ -19,7 +19,7 @@ import pytest
 from lab import boot, hosts
 from lab.pve import node as pve_node
 from pvegpu.facts.hardware import read_hardware_locally
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.plan.mmio import passed_functions, plan_mmio
 from pvegpu.plan.topology import plan_topology
 from tests.lab.test_lab_vm import (

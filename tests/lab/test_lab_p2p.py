@@ -35,7 +35,7 @@ from lab import boot, hosts
 from lab.pve import node as pve_node
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.facts.pci_cfg import parse_pci_cfg
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import parse_map_entry
 from pvegpu.plan.mmio import passed_functions, plan_mmio
 from pvegpu.plan.p2p import NO_DRIVER, NO_VENV, clique_args, plan_cliques

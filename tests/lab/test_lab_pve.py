@@ -20,7 +20,13 @@ import pytest
 
 from lab import guest_payload, hosts, images
 from lab.pve import node as pve_node
-from pvegpu.guest_keys import GuestPlace, ensure_key_pair, host_key_files, login_key_files, record_known_host
+from pvegpu.local.guest_keys import (
+    GuestPlace,
+    ensure_key_pair,
+    host_key_files,
+    login_key_files,
+    record_known_host,
+)
 from pvegpu.models.vm import ImageVolume, VmSpec
 from pvegpu.plan.cloud_init import snippet_name, static_address, user_data
 from pvegpu.plan.vm import create_keys

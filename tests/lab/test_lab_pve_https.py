@@ -1,4 +1,4 @@
-"""A Proxmox lab node's HTTPS API through pvegpu's own client (pvegpu.pve_https, the certificate pinned by
+"""A Proxmox lab node's HTTPS API through pvegpu's own client (pvegpu.pve.https, the certificate pinned by
 fingerprint) with the API token the node was set up with (lab/pve/api_setup.py): the token creates a VM
 without root-only keys (its task is the token's), one with `hookscript` is refused with Proxmox's text and
 status before anything is written, and a wrong fingerprint or a wrong secret gets nowhere."""
@@ -19,8 +19,9 @@ import pytest
 from lab import hosts
 from lab.pve import api_setup
 from lab.pve import node as pve_node
-from pvegpu.pve import PveClient, PveConnectionError, PveError
-from pvegpu.pve_https import connect_https
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveConnectionError, PveError
+from pvegpu.pve.https import connect_https
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,5 @@
-"""pvegpu's own client on a lab node with the `https` backend and a root path (pvegpu.facts.pve `connect`,
+"""pvegpu's own client on a lab node with the `https` backend and a root path (pvegpu.pve.host_client
+`connect`,
 pvegpu.pve `RootRouted`): what only root@pam may write goes through root's pvesh over the node's SSH, the
 rest through the API token, and the stand-in's write log (`<user> <METHOD> <path> <keys>`) shows who set
 what; the token alone is refused the same writes with Proxmox's text. The doctor names each privilege the
@@ -17,9 +18,10 @@ import pytest
 from lab import hosts
 from lab.pve import api_setup
 from lab.pve import node as pve_node
-from pvegpu.facts.pve import connect
 from pvegpu.models.pve_api import PveApiSpec
-from pvegpu.pve import PveClient, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.host_client import connect
 
 pytestmark = pytest.mark.lab
 

@@ -196,7 +196,7 @@ def test_demo_runs_show_no_secret_in_their_output_or_any_cmdline() -> None:
         keys = hosts.known_hosts_path().parent / hosts.GUEST_KEYS_DIR
         secrets = {
             "the API token's secret": [Path(api["token_file"]).read_text().strip()],
-            # pvegpu/guest_keys.py: guest-keys/<cluster>/<node>-<vmid>...; the lab's node has no cluster
+            # pvegpu/local/guest_keys.py: guest-keys/<cluster>/<node>-<vmid>...; the lab's node has no cluster
             "the guest's private host key": _private_key_lines(keys / name / f"{name}-100_ed25519"),
             "the guest's private login key": _private_key_lines(keys / name / f"{name}-100_login_ed25519"),
             "the lab's root key": _private_key_lines(node.key),

@@ -24,7 +24,9 @@ from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.pve import PciMapping, parse_map_entry
 from pvegpu.operations.mapping import _update
 from pvegpu.plan.vm import nvidia_gpus
-from pvegpu.pve import PveClient, PveError, ssh_transport
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.ssh import ssh_transport
 
 pytestmark = pytest.mark.lab
 

@@ -13,7 +13,9 @@ from typing import Any
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.pve import Params, PveClient, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.transport import Params
 
 Call = tuple[str, str, dict[str, Any]]
 UPID_START = "UPID:pve1:0000A1B2:0153F2C4:66A1B2C3:qmstart:100:root@pam:"

@@ -33,7 +33,7 @@ from pvegpu.facts.lxc_devices import parse_nvidia_nodes, parse_nvml_version
 from pvegpu.facts.nccl import parse_transports
 from pvegpu.facts.nccl_journal import parse_nccl_runs
 from pvegpu.facts.node_boot import parse_node_boot
-from pvegpu.facts.node_state import parse_node_state
+from pvegpu.facts.node_read import parse_node_state
 from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
 from pvegpu.facts.p2p_record import parse_record
 from pvegpu.facts.pci_cfg import parse_pci_cfg
@@ -50,7 +50,9 @@ from pvegpu.plan.errors import PlanError
 from pvegpu.plan.hostpci import HostPciError, parse_hostpci
 from pvegpu.plan.lxc import LxcDevices, container_config, diff_container, raw_of
 from pvegpu.plan.vm import create_keys, diff_vm, vm_config
-from pvegpu.pve import Method, Params, PveClient, PveError, parse_pvesh_output
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.transport import Method, Params, parse_pvesh_output
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests/unit/fixtures"

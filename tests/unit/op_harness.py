@@ -2,7 +2,7 @@
 
 The operation body (`op._inner`) runs with pyinfra's `host` context bound to a `FakeHost` whose `get_fact`
 answers from a dict keyed by fact class; nothing connects anywhere. A node's one state read
-(pvegpu/node_state.py) is answered by `{NodeRead: node_state(...)}`: the real captured lab sample with the
+(pvegpu/run/node_state.py) is answered by `{NodeRead: node_state(...)}`: the real captured lab sample with the
 fields a test sets.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.context import ctx_host
 
-from pvegpu.facts.node_state import NodeState, parse_node_state
+from pvegpu.facts.node_read import NodeState, parse_node_state
 from tests.unit.fuzz_targets import fixture
 
 NODE_DATA = {"node": {"name": "pve1", "gpus": {"ids": ["10de:2bb1"], "count": 8}}}

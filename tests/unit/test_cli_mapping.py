@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from lab.fakesys import write_tree
-from pvegpu.cli import main
+from pvegpu.cli.main import main
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.models.pve import MappingCheck, Severity

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from lab.fakesys import manifest, write_tree
-from pvegpu.cli import main
+from pvegpu.cli.main import main
+from pvegpu.cli.report import format_link
 from pvegpu.models.hardware import Link
-from pvegpu.report import format_link
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pvegpu.cli import main as cli_main
-from pvegpu.models.inventory import ROLE_SPECS, spec_table_markdown, validate_inventory
+from pvegpu.cli.main import main as cli_main
+from pvegpu.inventory.tables import spec_table_markdown
+from pvegpu.inventory.validate import ROLE_SPECS, validate_inventory
 from scripts import readme_tables
 
 REPO = Path(__file__).resolve().parents[2]

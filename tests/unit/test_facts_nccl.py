@@ -12,15 +12,9 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.nccl import (
-    ChannelTransport,
-    PairTransport,
-    Transport,
-    check_transports,
-    parse_transports,
-    summarize,
-    topology_file_lines,
-)
+from pvegpu.facts.nccl import parse_transports, topology_file_lines
+from pvegpu.models.nccl import ChannelTransport, PairTransport, Transport, summarize
+from pvegpu.plan.nccl_transports import check_transports
 from tests.unit.realdata import real_fixture
 
 P2P_IN_VM = (

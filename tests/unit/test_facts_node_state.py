@@ -1,4 +1,4 @@
-"""The node's one state read (pvegpu/facts/node_state.py): a real captured lab sample, the command run here
+"""The node's one state read (pvegpu/facts/node_read.py): a real captured lab sample, the command run here
 against each part's own fact, and the parser's refusals."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pvegpu.facts.cpu import CpuAndKernel
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.host_driver import HostDriverFiles
-from pvegpu.facts.node_state import (
+from pvegpu.facts.node_read import (
     ImageDigest,
     NodeStateRequest,
     files_sha256_command,
@@ -87,7 +87,8 @@ def test_covered_paths_answer_absent_files_with_none_and_others_raise() -> None:
     with pytest.raises(KeyError) as error:
         state.sha256("/mnt/pve/nfs1/snippets/pvegpu-hook")
     assert error.value.args == (
-        "/mnt/pve/nfs1/snippets/pvegpu-hook is not in the node state read (pvegpu.node_state.node_request)",
+        "/mnt/pve/nfs1/snippets/pvegpu-hook is not in the node state read "
+        "(pvegpu.run.node_state.node_request)",
     )
 
 
@@ -181,7 +182,7 @@ def test_an_image_digest_is_parsed_with_its_algorithm() -> None:
         state.image_digest(IMAGE, "sha256")
     assert (
         error.value.args[0]
-        == f"{IMAGE} (sha256) is not in the node state read (pvegpu.node_state.node_request)"
+        == f"{IMAGE} (sha256) is not in the node state read (pvegpu.run.node_state.node_request)"
     )
     absent = parse_node_state(with_sha256_lines(f"image sha256 {IMAGE}"))
     assert absent.image_digest(IMAGE, "sha256") is None

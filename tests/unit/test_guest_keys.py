@@ -1,5 +1,5 @@
 """The guest's host key pair, known_hosts line and address file on the operator's machine
-(pvegpu/guest_keys.py), on real files in a temporary directory."""
+(pvegpu/local/guest_keys.py), on real files in a temporary directory."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from pvegpu.guest_keys import (
+from pvegpu.local.guest_keys import (
     GuestKeyError,
     GuestPlace,
     address_file,

@@ -1,4 +1,4 @@
-"""guests_of: the guest hosts an inventory derives from its nodes' `vm` data (pvegpu/guest_inventory.py)."""
+"""guests_of: the guest hosts an inventory derives from its nodes' `vm` data (pvegpu/inventory/guests.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pvegpu import guest_inventory
-from pvegpu.guest_inventory import guests_of
-from pvegpu.guest_keys import (
+from pvegpu.inventory import guests as guest_inventory
+from pvegpu.inventory.guests import guests_of
+from pvegpu.local.guest_keys import (
     GuestPlace,
     ensure_key_pair,
     host_key_files,

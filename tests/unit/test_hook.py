@@ -20,14 +20,14 @@ from pyinfra.context import ctx_host
 
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
-from pvegpu.facts.node_state import NodeRead
+from pvegpu.facts.node_read import NodeRead
 from pvegpu.facts.pci_cfg import render_pci_cfg
 from pvegpu.hook import main as main_module
 from pvegpu.hook import pre_start as pre_start_module
 from pvegpu.hook.bundle import BUNDLE_PATH, PYTHON, Bundle, BundleError, build, modules, wrapper
 from pvegpu.hook.decide import FIX_COMMAND, Mode, Start, decide, mapped_ids
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import NodeSpec
+from pvegpu.models.node import NodeSpec
 from pvegpu.models.pve import PciMapping, StorageConfig
 from pvegpu.models.vm import VmSpec
 from pvegpu.operations.hook import directory_check, hook_installed, shared_storage_refusal

@@ -18,7 +18,7 @@ from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.facts.host_checks import HostChecks, parse_host_checks
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.host_checks import HostCheckData, IdleState
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.plan.host_checks import Check, extended_capabilities, host_checks
 from pvegpu.plan.topology import plan_topology
 from tests.unit.hostdata import two_cards

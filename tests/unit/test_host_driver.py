@@ -9,7 +9,7 @@ from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_driver import parse_host_driver
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, parse_nvml_version
-from pvegpu.facts.node_state import NodeRead
+from pvegpu.facts.node_read import NodeRead
 from pvegpu.facts.nvidia import CharDevices, char_devices_command
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.host_driver import HostDriverState, UnitState

@@ -62,8 +62,8 @@ def test_pyinfra_cli_warns_once_naming_the_host_and_goes_on(tmp_path: Path) -> N
     data = {"ssh_strict_host_key_checking": "no", "node": {**NODE, "profile": "vm"}}
     result = doctor_with_inventory(
         tmp_path,
-        "from pvegpu.guest_inventory import exit_on_invalid_guests\n"
-        "from pvegpu.models.inventory import exit_on_invalid\n"
+        "from pvegpu.inventory.guests import exit_on_invalid_guests\n"
+        "from pvegpu.inventory.validate import exit_on_invalid\n"
         f"pve_nodes = exit_on_invalid([({host!r}, {data!r})])\n"
         f"baremetal_hosts = exit_on_invalid_guests(pve_nodes)\n",
     )

@@ -1,4 +1,4 @@
-"""`state_request` (pvegpu/host_state.py): what a serving host's one state read asks for beyond the roles'
+"""`state_request` (pvegpu/run/host_state.py): what a serving host's one state read asks for beyond the roles'
 paths: the initramfs images older than the nouveau blacklist where the driver's module is installed, and the
 P2P probe's record only where the guest's node has `vm.p2p` other than `off`."""
 
@@ -12,11 +12,11 @@ from pyinfra.api.host import Host
 from pvegpu.facts.guest_state import GuestState
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.serving_read import ServingRead, ServingState
-from pvegpu.host_plan import plan_of
-from pvegpu.host_state import read_serving_host, state_of, state_request, unchanged_state
 from pvegpu.models.groups import LXC_GUESTS, VM_GUESTS
 from pvegpu.models.specs import host_specs
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
+from pvegpu.run.host_state import read_serving_host, state_of, state_request, unchanged_state
+from pvegpu.run.plan import plan_of
 from tests.unit.host_states import host_state
 from tests.unit.hostdata import RTX, two_cards
 from tests.unit.op_harness import FakeState

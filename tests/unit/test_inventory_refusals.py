@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
+from pvegpu.inventory.guests import exit_on_invalid_guests
 from tests.unit.inventory_cli import doctor_with_inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,7 +237,7 @@ def test_error_pyinfra_cli_exits_2_before_connecting(case_id: str, tmp_path: Pat
     host = "pve-nonexistent.invalid"
     result = doctor_with_inventory(
         tmp_path,
-        "from pvegpu.guest_inventory import exit_on_invalid_guests\n"
+        "from pvegpu.inventory.guests import exit_on_invalid_guests\n"
         f"hosts = exit_on_invalid_guests([({host!r}, {data!r})])\n",
     )
     output = result.stdout + result.stderr

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from pvegpu.inventory.validate import validate_inventory
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import validate_inventory
 from tests.unit.inventory_cli import doctor_with_inventory
 
 NODE = {"name": "pve1", "gpus": {"ids": ["10de:2bb1"]}}
@@ -134,7 +134,7 @@ def test_error_pyinfra_stops_before_connecting(tmp_path: Path) -> None:
     data = {"node": NODE, "pve": TOKEN_ONLY, "vm": {"vmid": 100, "mmio": "args"}}
     result = doctor_with_inventory(
         tmp_path,
-        "from pvegpu.models.inventory import exit_on_invalid\n"
+        "from pvegpu.inventory.validate import exit_on_invalid\n"
         f"pve_nodes = exit_on_invalid([({host!r}, {data!r})])\n",
     )
     assert (result.returncode, result.stdout) == (2, "")

@@ -1,5 +1,5 @@
 """The lab's pveproxy stand-in (lab/pve/pveproxy.py) on a local port, as a node runs it (a script beside the
-pvesh and access stand-ins), driven through pvegpu's https client (pvegpu.pve_https, certificate pinned) and
+pvesh and access stand-ins), driven through pvegpu's https client (pvegpu.pve.https, certificate pinned) and
 raw HTTPS: Proxmox's statuses, reasons and bodies for success, 400, 403, 500, 401 and 501."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from lab.pve import api_setup
-from pvegpu.pve import PveClient, PveError
-from pvegpu.pve_https import connect_https
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.https import connect_https
 
 PVEPROXY = Path(__file__).resolve().parents[2] / "lab/pve/pveproxy.py"
 TOKEN = "pvegpu@pve!deploy"

@@ -1,4 +1,4 @@
-"""pvegpu.local_files.write_whole: a file on the operator's machine is written whole or left as it was, and a
+"""pvegpu.local.files.write_whole: a file on the operator's machine is written whole or left as it was, and a
 failed write is one line naming the file; the callers (known_hosts, guest keys, create records) use it.
 
 `os.write` is replaced to play the kernel's part: a short write (1 byte per call), a full disk part-way
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.create_records import CreateLedger
-from pvegpu.guest_keys import record_known_host
-from pvegpu.local_files import LocalWriteError, write_whole
+from pvegpu.local.create_records import CreateLedger
+from pvegpu.local.files import LocalWriteError, write_whole
+from pvegpu.local.guest_keys import record_known_host
 from pvegpu.operations.guest_known import GuestIdentity, _record
 from pvegpu.plan.dead_create import CreateRecord
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from pvegpu.inventory.tables import spec_table_markdown
+from pvegpu.inventory.validate import validate_inventory
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.host import HostSpec
-from pvegpu.models.inventory import spec_table_markdown, validate_inventory
 
 NODE = {"name": "pve1", "gpus": {"ids": ["10de:2bb1"]}}
 

@@ -12,16 +12,11 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from pyinfra.api.host import HostData
 
+from pvegpu.inventory.tables import spec_table_markdown
+from pvegpu.inventory.validate import ROLE_SPECS, exit_on_invalid, validate_inventory
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import (
-    ROLE_SPECS,
-    GpuSelector,
-    NodeSpec,
-    exit_on_invalid,
-    spec_of,
-    spec_table_markdown,
-    validate_inventory,
-)
+from pvegpu.models.node import GpuSelector, NodeSpec
+from pvegpu.models.spec_validation import spec_of
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = {"name": "pve1", "gpus": {"ids": ["10de:2bb1"], "count": 8}}
@@ -244,7 +239,7 @@ def test_error_pyinfra_stops_before_connecting(tmp_path: Path) -> None:
     and `Could not resolve hostname`.
     """
     (tmp_path / "inventory.py").write_text(
-        "from pvegpu.models.inventory import exit_on_invalid\n"
+        "from pvegpu.inventory.validate import exit_on_invalid\n"
         "pve_hosts = exit_on_invalid([\n"
         '    ("pve-nonexistent.invalid", {"node": {"name": "pve1", "profile": "kvm",\n'
         '                                 "gpus": {"ids": ["10de:2bb1", "nvidia"]}}}),\n'

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pvegpu.inventory.tables import spec_table_markdown
+from pvegpu.inventory.validate import ROLE_SPECS, validate_inventory
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import ROLE_SPECS, spec_table_markdown, validate_inventory
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec, is_loopback
 from pvegpu.models.sglang_options import SGLANG_VERSION, load_option_table
 

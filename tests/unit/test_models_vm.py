@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pvegpu.inventory.validate import ROLE_SPECS, validate_inventory
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import ROLE_SPECS, spec_of, validate_inventory
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.vm import VM_KEY, DiskSpec, NetSpec, VmSpec
 
 

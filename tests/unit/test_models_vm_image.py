@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
+from pvegpu.inventory.validate import validate_inventory
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import validate_inventory
 from pvegpu.models.vm import ImageUrl, ImageVolume, VmSpec
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN5HcbcUQrpSUxW4nw/rMoAjNHG/aykHEZ6M+9fVDl2P you@desk"

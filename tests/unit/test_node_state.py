@@ -1,4 +1,5 @@
-"""`node_state_of` (pvegpu/node_state.py): one read per node and run, shared by greenlets that ask while it is
+"""`node_state_of` (pvegpu/run/node_state.py): one read per node and run, shared by greenlets that ask
+while it is
 on its way; operations decide from it until an operation on the node ran a command, then read what they need
 on their own (the command line, the driver leftovers, one file's sha256), as does a path the read did not
 cover."""
@@ -14,12 +15,14 @@ from pyinfra.facts.files import Sha256File
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
-from pvegpu.facts.node_state import NodeRead, NodeStateRequest
+from pvegpu.facts.node_read import NodeRead, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
 from pvegpu.models.host_driver import HostDriverState
-from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.models.node import NODE_KEY, NodeSpec
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.vm import VmSpec
-from pvegpu.node_state import (
+from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
+from pvegpu.run.node_state import (
     driver_leftovers,
     node_file_sha256,
     node_request,
@@ -27,7 +30,6 @@ from pvegpu.node_state import (
     running_cmdline,
     unchanged_node_state,
 )
-from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
 from tests.unit.op_harness import NODE_DATA, FakeState, node_state
 
 

@@ -13,7 +13,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha256File
 
-from pvegpu.facts.node_state import ImageDigest, NodeRead
+from pvegpu.facts.node_read import ImageDigest, NodeRead
 from pvegpu.operations.cloud_image import (
     disk_grown,
     disk_size_gib,
@@ -22,7 +22,7 @@ from pvegpu.operations.cloud_image import (
     storage_content,
 )
 from pvegpu.operations.files import install_staged
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import node_state, run_op
 

@@ -13,7 +13,7 @@ from pyinfra.api.exceptions import OperationError
 from pvegpu.models.vm import VmSpec
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.plan.vm import create_keys, vm_config
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 

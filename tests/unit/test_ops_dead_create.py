@@ -1,5 +1,5 @@
 """`converge` (through `q35_vm`, `lxc_container`) and what a dead create left: pvegpu's own (its record,
-pvegpu/create_records.py) is unlocked, destroyed and created again in the same run; anything else is
+pvegpu/local/create_records.py) is unlocked, destroyed and created again in the same run; anything else is
 reported with its task and the exact command, untouched. And the record's life in `_create`: written before
 the POST, given the UPID, removed once the guest is whole."""
 
@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.create_records import CreateLedger, ledger_beside
+from pvegpu.local.create_records import CreateLedger, ledger_beside
 from pvegpu.models.pve_root_only import root_only_params
 from pvegpu.operations.lxc import lxc_container
 from pvegpu.plan.dead_create import CreateRecord
-from pvegpu.pve import Params, PveError
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.transport import Params
 from tests.unit.fake_pve import NONCED, UPID_CREATE, ConfigStore, FakeApi, execute, task_ok
 from tests.unit.op_harness import run_op
 from tests.unit.test_ops_vm import (

@@ -9,7 +9,7 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.boot import KernelCmdline
-from pvegpu.facts.node_state import NodeRead
+from pvegpu.facts.node_read import NodeRead
 from pvegpu.facts.pvegpu_boot import BootFiles, EspEntries
 from pvegpu.models.boot import BootLoaderInfo, BootLoaderKind
 from pvegpu.models.hardware import HostHardware

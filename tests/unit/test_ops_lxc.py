@@ -12,8 +12,8 @@ from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.lxc_devices import NvidiaNodes, parse_nvidia_nodes
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import spec_of
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines, raw_lines_command
 from pvegpu.operations.pve_guest import CT, guest_parked, guest_running
 from pvegpu.plan.lxc import (
@@ -27,7 +27,7 @@ from pvegpu.plan.lxc import (
     raw_lines,
     raw_of,
 )
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import NONCED, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 

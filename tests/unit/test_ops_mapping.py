@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import PciMapping
 from pvegpu.operations.mapping import describe, pci_mappings
 from pvegpu.plan.mapping import Action, MappingChange, plan_mappings
 from pvegpu.plan.topology import plan_topology
-from pvegpu.pve import PveConnectionError, PveError, Unparsed
+from pvegpu.pve.errors import PveConnectionError, PveError, Unparsed
 from tests.unit.fake_pve import MODIFIED, FakeApi, MappingStore, execute
 from tests.unit.hostdata import two_cards
 from tests.unit.op_harness import run_op

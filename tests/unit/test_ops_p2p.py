@@ -18,7 +18,7 @@ from pvegpu.operations.p2p import Exec, _judged, guest_exec, p2p_clique
 from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.operations.vm import guest_in_run
 from pvegpu.plan.p2p import PROBE_PATH, timeout_failure
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import ConfigStore, FakeApi, MappingStore, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.create_records import CreateLedger
+from pvegpu.local.create_records import CreateLedger
 from pvegpu.models.vm import VmSpec
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.vm import create_keys, vm_config
-from pvegpu.pve import PveConnectionError, PveError, Unparsed
+from pvegpu.pve.errors import PveConnectionError, PveError, Unparsed
 from tests.unit.fake_pve import (
     NONCED,
     UPID_CREATE,

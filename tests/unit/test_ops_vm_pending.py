@@ -15,7 +15,7 @@ from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.operations.vm import vm_pending
 from pvegpu.plan.vm import pending_keys
-from pvegpu.pve import PveError, TaskFailedError
+from pvegpu.pve.errors import PveError, TaskFailedError
 from tests.unit.fake_pve import FakeApi, execute, task_ok
 from tests.unit.op_harness import run_op
 

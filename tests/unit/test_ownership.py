@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.models.inventory import GpuSelector
 from pvegpu.models.lxc import LxcSpec
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import PciMapping
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.lxc import lxc_container
@@ -26,7 +26,7 @@ from pvegpu.plan.ownership import (
     owner_id,
 )
 from pvegpu.plan.topology import plan_topology
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import ConfigStore, FakeApi, MappingStore, execute, task_ok
 from tests.unit.hostdata import two_cards
 from tests.unit.op_harness import run_op

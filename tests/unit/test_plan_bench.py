@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from matplotlib.image import imread
 
-from pvegpu.bench_report import DPI, HEIGHT_IN, WIDTH_IN, comparison_png, plot_png, write_reports
+from pvegpu.cli.bench_report import DPI, HEIGHT_IN, WIDTH_IN, comparison_png, plot_png, write_reports
+from pvegpu.inventory.validate import validate_inventory
 from pvegpu.models.bench import BenchSpec
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import validate_inventory
 from pvegpu.models.p2p import Identity, Record
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.bench import serving_benchmark

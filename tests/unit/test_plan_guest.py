@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
+from pvegpu.inventory.guests import exit_on_invalid_guests
+from pvegpu.inventory.validate import ROLE_SPECS, validate_inventory
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import ROLE_SPECS, NodeSpec, validate_inventory
+from pvegpu.models.node import NodeSpec
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.render import render

@@ -11,7 +11,7 @@ import pytest
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import PciMapping
 from pvegpu.plan.mapping import (
     Action,

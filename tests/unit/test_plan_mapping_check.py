@@ -11,7 +11,7 @@ import pytest
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.hardware import HostHardware, PciFunction
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import MapEntry, MappingCheck, PciMapping, Severity
 from pvegpu.plan.mapping import plan_mappings
 from pvegpu.plan.topology import plan_topology

@@ -8,7 +8,7 @@ import pytest
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.hardware import Bar, PciFunction
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.plan.mmio import MmioWindow, mmio_refusal, passed_functions, plan_mmio
 from pvegpu.plan.topology import plan_topology
 

@@ -12,7 +12,7 @@ import pytest
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
 from pvegpu.models.hardware import HostHardware, NumaNode
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.vm import VmSpec
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.mmio import MmioWindow

@@ -15,7 +15,8 @@ from pvegpu.plan.privileges import (
     privileges_report,
     required_privileges,
 )
-from pvegpu.pve import Method, Params, PveClient
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.transport import Method, Params
 
 TOKEN = "pvegpu@pve!deploy"
 IMAGE = {"url": "https://example.org/d.qcow2", "checksum": "0" * 128, "storage": "local"}

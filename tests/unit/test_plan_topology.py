@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from pvegpu.models.hardware import Bar, HostHardware, Link, PciFunction
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.plan.topology import (
     IOMMU_OFF,
     ORDER_BY_BUS,

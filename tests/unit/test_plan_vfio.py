@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.reboot import pending_message, pending_reasons
 from pvegpu.plan.topology import plan_topology, require_gpus

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu.facts.pve import PveSetupError, api_spec, connect
 from pvegpu.models.errors import InventoryError
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve_api import PveApiSpec
 from pvegpu.plan.topology import plan_topology
 from pvegpu.plan.vm import merge_args, nvidia_gpus, unbound_functions
+from pvegpu.pve.host_client import PveSetupError, api_spec, connect
 from tests.unit.hostdata import two_cards
 
 MMIO = "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=1024"

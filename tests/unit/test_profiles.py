@@ -11,9 +11,9 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.node_state import NodeRead
+from pvegpu.facts.node_read import NodeRead
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.operations.pve_guest import VM, guest_parked, guest_running, maps_gpus
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import UPDATE_INITRAMFS, vfio_config
@@ -21,7 +21,7 @@ from pvegpu.plan.errors import PlanError
 from pvegpu.plan.profile import HostProfile, held_by_vfio, host_profile, profile_functions
 from pvegpu.plan.reboot import pending_reasons
 from pvegpu.plan.topology import plan_topology
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import UPID_START, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.hostdata import RTX, fn, two_cards, written_files
 from tests.unit.op_harness import node_state, run_op

@@ -40,19 +40,17 @@ from pvegpu.models.pve import (
     Severity,
     VmStatus,
 )
-from pvegpu.pve import (
-    CommandTransport,
-    PveClient,
+from pvegpu.pve.client import PveClient, upid_node
+from pvegpu.pve.errors import (
     PveConnectionError,
     PveConnectionLostError,
     PveError,
     TaskFailedError,
     TaskTimeoutError,
-    pvesh_argv,
-    ssh_transport,
-    upid_node,
 )
-from pvegpu.pve_https import connect_https
+from pvegpu.pve.https import connect_https
+from pvegpu.pve.ssh import ssh_transport
+from pvegpu.pve.transport import CommandTransport, pvesh_argv
 
 MAP_1 = "id=10de:2bb1,node=pve1,path=0000:41:00,iommugroup=14,subsystem-id=10de:204b"
 MAP_2 = "id=10de:2bb1,node=pve2,path=0000:21:00,iommugroup=16,subsystem-id=10de:204b"
@@ -602,7 +600,7 @@ def test_error_https_bad_settings(token: str, fingerprint: str | None, message: 
 
 
 def test_the_ssh_backend_never_imports_requests() -> None:
-    """requests and urllib3 load only for `https` (pvegpu.pve_https): ~0.06 s of every other run's start."""
-    code = "import sys, pvegpu.facts.pve, roles.site; print({'requests', 'urllib3'} & set(sys.modules))"
+    """requests and urllib3 load only for `https` (pvegpu.pve.https): ~0.06 s of every other run's start."""
+    code = "import sys, pvegpu.pve.host_client, roles.site; print({'requests', 'urllib3'} & set(sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout == "set()\n"

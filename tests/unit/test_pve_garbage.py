@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from pvegpu.models.pve import PciMapping
-from pvegpu.pve import CommandTransport, PveClient, PveResponseError, Unparsed
-from pvegpu.pve_https import HttpsTransport
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveResponseError, Unparsed
+from pvegpu.pve.https import HttpsTransport
+from pvegpu.pve.transport import CommandTransport
 
 UPID = "UPID:pve1:0000A1B2:0153F2C4:66A1B2C3:qmstart:100:root@pam:"
 HTML = "<!DOCTYPE html>\n<html><head><title>502 Bad Gateway</title></head></html>\n"

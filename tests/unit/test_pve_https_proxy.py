@@ -1,4 +1,4 @@
-"""pvegpu.pve_https behind a proxy: a pinned session never takes the environment's proxy (requests would build
+"""pvegpu.pve.https behind a proxy: a pinned session never takes the environment's proxy (requests would build
 the proxied pool without the pin), and with CA verification the certificate is still checked through the
 proxy's CONNECT tunnel.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from pvegpu.models.pve import MappingState, PciMapping
-from pvegpu.pve import PveConnectionError
-from pvegpu.pve_https import connect_https
+from pvegpu.pve.errors import PveConnectionError
+from pvegpu.pve.https import connect_https
 from tests.unit.test_pve import DIGEST, MAP_1, Recorded
 from tests.unit.test_pve import certificate as certificate  # noqa: PLC0414 (the fixture)
 from tests.unit.test_pve import https_api as https_api  # noqa: PLC0414 (the fixture)

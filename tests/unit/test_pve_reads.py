@@ -11,10 +11,12 @@ from typing import Any
 import gevent
 import pytest
 
-from pvegpu.facts.pve import read_ahead, seed, shared_reads
 from pvegpu.operations.pve_guest import VM, guest_running
 from pvegpu.operations.vm import q35_vm
-from pvegpu.pve import Params, PveClient, PveConnectionLostError, PveError
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveConnectionLostError, PveError
+from pvegpu.pve.host_client import read_ahead, seed, shared_reads
+from pvegpu.pve.transport import Params
 from tests.unit.fake_pve import UPID_CREATE, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 from tests.unit.test_ops_vm import (

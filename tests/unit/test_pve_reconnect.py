@@ -18,7 +18,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pvegpu.pve import PveClient, PveConnectionError, PveConnectionLostError, ssh_transport
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveConnectionError, PveConnectionLostError
+from pvegpu.pve.ssh import ssh_transport
 
 
 def _key(path: Path) -> paramiko.Ed25519Key:

@@ -1,5 +1,5 @@
 """Which identity sends each API call: the token, or root's pvesh on the node for what only root@pam may
-send (pvegpu/models/pve_root_only.py, pvegpu.pve `RootRouted`, pvegpu.facts.pve `connect`)."""
+send (pvegpu/models/pve_root_only.py, pvegpu.pve `RootRouted`, pvegpu.pve.host_client `connect`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from pvegpu.facts.pve import FirstCall, connect, shared_reads
 from pvegpu.models.pve_api import PveApiSpec
 from pvegpu.models.pve_root_only import ct_root_only_keys, root_only_params, vm_root_only_keys
-from pvegpu.pve import CommandTransport, Method, Params, PveClient, RootRouted, acts_as
-from pvegpu.pve_https import HttpsTransport
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.host_client import FirstCall, connect, shared_reads
+from pvegpu.pve.https import HttpsTransport
+from pvegpu.pve.transport import CommandTransport, Method, Params, RootRouted, acts_as
 
 TOKEN = "pvegpu@pve!deploy"
 CONFIG = "/nodes/pve1/qemu/100/config"

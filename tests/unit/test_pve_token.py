@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pvegpu.facts.pve import PveSetupError, read_token
 from pvegpu.facts.secret_files import SecretFiles, parse_secret_files, read_local_secret
 from pvegpu.models.secret_file import SecretFile, SecretFileKind, secret_file_problems
+from pvegpu.pve.host_client import PveSetupError, read_token
 
 SECRET = "0f6c5b7e-9a1d-4c2e-8b3f-5d6e7f8a9b0c"
 

@@ -1,4 +1,5 @@
-"""pvegpu.pyinfra_patches: the same results as the pyinfra functions they replace; paramiko's log (a failed
+"""pvegpu.run.pyinfra_patches: the same results as the pyinfra functions they replace; paramiko's log (a
+failed
 handshake's traceback) never on stderr, in pyinfra's debug log instead."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pyinfra
 import pytest
 from pyinfra.api import arguments, util
 
-from pvegpu import pyinfra_patches
+from pvegpu.run import pyinfra_patches
 
 _SOURCE = Path(__file__).read_text().splitlines()
 
@@ -83,7 +84,7 @@ import socket, sys, threading
 import paramiko
 from pyinfra import logger
 if sys.argv[1] == "routed":
-    from pvegpu.pyinfra_patches import route_paramiko_log
+    from pvegpu.run.pyinfra_patches import route_paramiko_log
     route_paramiko_log()
     logger.addHandler(__import__("logging").StreamHandler(sys.stdout))
     logger.setLevel("DEBUG")

@@ -30,13 +30,14 @@ import pytest
 from lab import fakesys
 from lab.pve import pvesh
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.node_state import parse_qemu_processes, qemu_processes_command
-from pvegpu.facts.pve import seed_status, shared_reads
+from pvegpu.facts.node_read import parse_qemu_processes, qemu_processes_command
 from pvegpu.facts.pve_files import qemu_running, qemu_status_answer
 from pvegpu.models.pve import QemuProcess, TaskStatus, status_is_error
 from pvegpu.models.vm import ImageUrl, VmSpec, normalized_file_name
 from pvegpu.plan.cloud_init import image_volid
-from pvegpu.pve import Method, Params, PveClient
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.host_client import seed_status, shared_reads
+from pvegpu.pve.transport import Method, Params
 from tests.unit.test_lab_pvesh import GPU0, GPU1, NODE, REFERENCE, VM_ARGS, Pve, Result
 from tests.unit.test_lab_pvesh_hookscript import HOOK, hook, task_log
 from tests.unit.test_lab_pvesh_hookscript import pve as pve  # noqa: PLC0414 (the fixture)

@@ -15,8 +15,8 @@ from lab.pve import ha
 from pvegpu.facts.node_guests import guest_paths, node_guests_command, parse_node_guests
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.host import HOST_KEY, HostSpec
-from pvegpu.models.inventory import spec_of
 from pvegpu.models.node_guests import HaService, NodeGuest, NodeGuests
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.plan.reboot import foreign_refusal
 from tests.unit.test_lab_pvesh import Pve
 

@@ -1,4 +1,4 @@
-"""pvegpu.run_progress's `CutReport` under pyinfra's own executor (`run_ops` on `@local`, `-y` as the lab's
+"""pvegpu.run.progress's `CutReport` under pyinfra's own executor (`run_ops` on `@local`, `-y` as the lab's
 runs): a fact read over a dead connection inside an operation's body fails the host in one line with no
 greenlet traceback, runs nothing more of the body, and a host whose connection was cut (pyinfra's, or an
 API call's) ends with one line naming the step."""
@@ -20,8 +20,8 @@ from pyinfra.context import ctx_host, ctx_state, host
 from pyinfra.facts.files import Sha256File
 
 from pvegpu.operations.api_command import api_command
-from pvegpu.pve import PveConnectionLostError
-from pvegpu.run_progress import watch_cuts
+from pvegpu.pve.errors import PveConnectionLostError
+from pvegpu.run.progress import watch_cuts
 from tests.unit.pyinfra_local import local_state
 
 

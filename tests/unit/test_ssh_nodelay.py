@@ -22,8 +22,9 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.connectors.ssh import SSHConnector
 
-from pvegpu.pve import PveClient, ssh_transport
-from pvegpu.ssh_nodelay import nodelay_transport
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.nodelay import nodelay_transport
+from pvegpu.pve.ssh import ssh_transport
 
 REPO = Path(__file__).resolve().parents[2]
 

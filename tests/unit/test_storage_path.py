@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.node_state import files_sha256_command
+from pvegpu.facts.node_read import files_sha256_command
 from pvegpu.models.pve import StorageConfig
 from pvegpu.operations.cloud_image import storage_content
-from pvegpu.pve import PveError
+from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import FakeApi
 from tests.unit.op_harness import run_op
 

@@ -12,7 +12,7 @@ from pyinfra.context import host
 from pyinfra.operations import files
 
 from pvegpu.facts.hardware import PciHardware
-from pvegpu.models.inventory import NodeSpec
+from pvegpu.models.node import NodeSpec
 
 REPORT = "/root/pvegpu-nvidia-functions.txt"
 

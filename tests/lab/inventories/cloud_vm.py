@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lab.hosts import SYSFS_ROOT
-from pvegpu.guest_inventory import guests_of
-from pvegpu.models.inventory import exit_on_invalid
+from pvegpu.inventory.guests import guests_of
+from pvegpu.inventory.validate import exit_on_invalid
 
 _lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
 _extra: dict[str, Any] = json.loads(os.environ.get("PVEGPU_LAB_VM_DATA", "{}"))

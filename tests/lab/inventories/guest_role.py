@@ -13,7 +13,7 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
+from pvegpu.inventory.guests import exit_on_invalid_guests
 
 _lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
 _extra: dict[str, Any] = json.loads(os.environ.get("PVEGPU_LAB_EXTRA_DATA", "{}"))

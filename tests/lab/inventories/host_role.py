@@ -14,8 +14,8 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-from pvegpu.guest_inventory import exit_on_invalid_guests
-from pvegpu.models.inventory import exit_on_invalid
+from pvegpu.inventory.guests import exit_on_invalid_guests
+from pvegpu.inventory.validate import exit_on_invalid
 
 _extra: dict[str, Any] = json.loads(os.environ.get("PVEGPU_LAB_EXTRA_DATA", "{}"))
 # inventory/lab.py lists the serving guests of the profile in use.

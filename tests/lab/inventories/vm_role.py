@@ -14,7 +14,7 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-from pvegpu.models.inventory import exit_on_invalid
+from pvegpu.inventory.validate import exit_on_invalid
 
 _lab = runpy.run_path(str(Path(__file__).resolve().parents[3] / "inventory/lab.py"))
 _extra: dict[str, Any] = json.loads(os.environ.get("PVEGPU_LAB_VM_DATA", "{}"))

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
-from pvegpu.guest_keys import (
+from pvegpu.inventory.validate import KNOWN_HOSTS_KEY, H, HostEntry, exit_on_invalid
+from pvegpu.local.guest_keys import (
     GuestKeyError,
     GuestPlace,
     address_file,
@@ -29,17 +30,10 @@ from pvegpu.guest_keys import (
     recorded_address,
 )
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
-from pvegpu.models.inventory import (
-    KNOWN_HOSTS_KEY,
-    NODE_KEY,
-    H,
-    HostEntry,
-    NodeSpec,
-    exit_on_invalid,
-    spec_of,
-)
+from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.vm import VM_KEY, VmSpec
 from pvegpu.plan.cloud_init import static_address
 from pvegpu.plan.guest import check_guest

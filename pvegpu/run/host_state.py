@@ -20,7 +20,6 @@ from pyinfra.api.state import State
 
 from pvegpu.facts.guest_state import GuestState, HostState, StateRequest
 from pvegpu.facts.serving_read import ServingRead
-from pvegpu.host_plan import node_host_of, plan_of, planned, provide_hardware
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
 from pvegpu.models.specs import HostSpecs, host_specs
@@ -40,7 +39,8 @@ from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.profile import NodeSteps, ServingSteps, serving_steps
 from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, key_files, probe_target
-from pvegpu.run_progress import commands_run
+from pvegpu.run.plan import node_host_of, plan_of, planned, provide_hardware
+from pvegpu.run.progress import commands_run
 
 PVEGPU_ETC = "/etc/pvegpu"
 PVEGPU_LIB = "/usr/local/lib/pvegpu"
@@ -130,7 +130,7 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
 def read_serving_host(target: Host) -> None:
     """Before a serving host's plan: its PCI hardware and its state in ONE command (`ServingRead`), shared by
     its plan (`provide_hardware`) and its operations (`state_of`), as `plan_of` and `state_of` would read
-    them one after the other. Nothing for a Proxmox node (it has its own read, pvegpu/node_state.py) or a
+    them one after the other. Nothing for a Proxmox node (it has its own read, pvegpu/run/node_state.py) or a
     host already planned or read in this run."""
     states = _STATES.setdefault(target.state, {})
     groups = frozenset(target.groups)

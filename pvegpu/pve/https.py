@@ -23,18 +23,9 @@ from requests.adapters import HTTPAdapter
 from requests.exceptions import RequestException
 from urllib3.exceptions import ProtocolError
 
-from pvegpu.pve import (
-    Method,
-    Params,
-    PveClient,
-    PveConnectionError,
-    PveConnectionLostError,
-    PveError,
-    Unparsed,
-    Value,
-    param_text,
-    resent_if_read,
-)
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveConnectionError, PveConnectionLostError, PveError, Unparsed
+from pvegpu.pve.transport import Method, Params, Value, param_text, resent_if_read
 
 
 class _PinnedAdapter(HTTPAdapter):

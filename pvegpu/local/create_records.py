@@ -1,9 +1,10 @@
 """pvegpu's records of the guest creates it sent, so that the next run can prove a dead create its own
 (pvegpu/plan/dead_create.py).
 
-Where: on this machine, beside the guest keys of the node's known_hosts file (pvegpu/guest_keys.py), not on
+Where: on this machine, beside the guest keys of the node's known_hosts file (pvegpu/local/guest_keys.py),
+not on
 the node: the API may be https (no shell on the node), and a record on the node could be written by anyone
-who can create guests there. One JSON file per guest, written whole (pvegpu.local_files; 0600, in a 0700
+who can create guests there. One JSON file per guest, written whole (pvegpu.local.files; 0600, in a 0700
 directory):
 
     <dir of ssh_known_hosts_file>/guest-keys/tasks/<node>-<qemu|lxc>-<vmid>.json
@@ -22,8 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pvegpu.guest_keys import GUEST_KEYS_DIR
-from pvegpu.local_files import write_whole
+from pvegpu.local.files import write_whole
+from pvegpu.local.guest_keys import GUEST_KEYS_DIR
 from pvegpu.plan.dead_create import CreateRecord
 
 TASKS_DIR = "tasks"

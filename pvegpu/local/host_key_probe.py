@@ -9,7 +9,7 @@ import socket
 
 import paramiko
 
-from pvegpu.wait import WaitTimeoutError, wait_until
+from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 _CONNECT_S = 5.0
 

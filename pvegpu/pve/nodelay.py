@@ -1,4 +1,5 @@
-"""TCP_NODELAY on every SSH connection pvegpu makes: proxmoxer's (`pvegpu.pve.ssh_transport`) and pyinfra's.
+"""TCP_NODELAY on every SSH connection pvegpu makes: proxmoxer's (`pvegpu.pve.ssh.ssh_transport`) and
+pyinfra's.
 
 paramiko sets no socket option, so Nagle's algorithm holds each small SSH packet until the previous one is
 acknowledged, and Linux delays that ACK by ~40 ms: every remote command of a run waits for it (a no-op site

@@ -15,14 +15,14 @@ they were ~0.3 s of the run's CPU above pyinfra's floor.
 `install()` swaps both in where pyinfra looks them up. It also makes a cut connection one line, neither
 of which patches pyinfra:
 
-- `pvegpu.run_progress.CutReport` is added to the run's state callbacks (`watch_cuts`).
+- `pvegpu.run.progress.CutReport` is added to the run's state callbacks (`watch_cuts`).
 - paramiko's warnings and errors go to pyinfra's debug log (`pyinfra --debug` shows them). paramiko logs
   every failed handshake at ERROR with its traceback, one record per line (`Exception (client): Error
   reading SSH protocol banner`, then `Traceback (most recent call last):` ...), through the
   `paramiko.transport` logger; pyinfra's CLI gives that logger no handler, so Python's last-resort handler
   printed each of them on stderr while a node's link was down (the reconnecting waits try every few
   seconds). The failure itself reaches pyinfra and pvegpu as an exception, reported in their own lines.
-  Routed from the deploy's start (`pvegpu.dispatch`): while pyinfra first connects, before any deploy code
+  Routed from the deploy's start (`pvegpu.run.dispatch`): while pyinfra first connects, before any deploy code
   runs, paramiko's lines still show.
 """
 
@@ -39,7 +39,7 @@ from pyinfra.api import arguments
 from pyinfra.api.util import PYINFRA_INSTALL_DIR
 from pyinfra.context import ctx_state
 
-from pvegpu.run_progress import watch_cuts
+from pvegpu.run.progress import watch_cuts
 
 # The modules, not the `operation` decorator and the `facts` names `pyinfra.api` exports.
 _OPERATION: Any = importlib.import_module("pyinfra.api.operation")

@@ -1,5 +1,5 @@
-"""How far this run has got on a host: what the one-read-per-host caches (pvegpu/host_state.py,
-pvegpu/node_state.py) key their reads on, and the line a run whose connection to a host was cut ends with.
+"""How far this run has got on a host: what the one-read-per-host caches (pvegpu/run/host_state.py,
+pvegpu/run/node_state.py) key their reads on, and the line a run whose connection to a host was cut ends with.
 
 - `commands_run(target)`: how many of the run's operations on a host have run commands.
 - `CutReport`, a pyinfra state callback (pyinfra's own extension point, `State.add_callback_handler`; added

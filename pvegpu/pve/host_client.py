@@ -27,21 +27,14 @@ import gevent
 from gevent.event import AsyncResult
 
 from pvegpu.facts.secret_files import read_local_secret
-from pvegpu.models.inventory import spec_of
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.secret_file import secret_file_problems
-from pvegpu.pve import (
-    CommandTransport,
-    Method,
-    Params,
-    PveClient,
-    PveError,
-    RootRouted,
-    Transport,
-    acts_as,
-    connect_local,
-    ssh_transport,
-)
+from pvegpu.models.spec_validation import spec_of
+from pvegpu.pve.client import PveClient
+from pvegpu.pve.errors import PveError
+from pvegpu.pve.local import connect_local
+from pvegpu.pve.ssh import ssh_transport
+from pvegpu.pve.transport import CommandTransport, Method, Params, RootRouted, Transport, acts_as
 
 _CLIENTS: dict[str, PveClient] = {}
 
@@ -100,7 +93,7 @@ def connect(spec: PveApiSpec, data: Any, host_name: str | None = None) -> PveCli
 
 def _connect_https(hostname: str, token_id: str, secret: str, port: int, spec: PveApiSpec) -> PveClient:
     # requests and proxmoxer are imported here, at the first call, not when the client is made
-    from pvegpu.pve_https import connect_https  # noqa: PLC0415
+    from pvegpu.pve.https import connect_https  # noqa: PLC0415
 
     return connect_https(
         hostname, token_id, secret, port=port, ca_file=spec.ca_file, fingerprint=spec.fingerprint

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pvegpu.models.driver import DRIVER_KEY
-from pvegpu.models.inventory import NODE_KEY
+from pvegpu.models.node import NODE_KEY
 from pvegpu.models.sglang import SGLANG_KEY
 
 

@@ -1,4 +1,4 @@
-"""`node_state_of(host)`: a Proxmox node's `NodeState` (pvegpu/facts/node_state.py), read once per node and
+"""`node_state_of(host)`: a Proxmox node's `NodeState` (pvegpu/facts/node_read.py), read once per node and
 run in one command: the PCI hardware and CPU/kernel the node's plan is computed from, and everything its
 operations decide from (boot files, bootloader, running command line, the host-driver profiles' leftovers, the
 sha256 of pvegpu's hook and snippet files; with `vm` data, the Proxmox files and the VM's QEMU process whose
@@ -27,13 +27,14 @@ from pyinfra.facts.files import Sha256File
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
-from pvegpu.facts.node_state import STORAGE_CFG, ImageDigest, NodeRead, NodeState, NodeStateRequest
+from pvegpu.facts.node_read import STORAGE_CFG, ImageDigest, NodeRead, NodeState, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
 from pvegpu.models.host_driver import HostDriverState
-from pvegpu.models.inventory import NODE_KEY, NodeSpec, spec_of
+from pvegpu.models.node import NODE_KEY, NodeSpec
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.vm import VM_KEY, ImageUrl, VmSpec
 from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
-from pvegpu.run_progress import commands_run
+from pvegpu.run.progress import commands_run
 
 # Per run and node: the read, and how many of the node's operations had run commands when it was taken.
 _STATES: WeakKeyDictionary[State, dict[str, tuple[int, NodeState]]] = WeakKeyDictionary()

@@ -107,7 +107,7 @@ class NodeState:
         not hash `path` with `algorithm`."""
         if self.image_algorithms.get(path) != algorithm:
             raise KeyError(
-                f"{path} ({algorithm}) is not in the node state read (pvegpu.node_state.node_request)"
+                f"{path} ({algorithm}) is not in the node state read (pvegpu.run.node_state.node_request)"
             )
         return self.image_digests.get(path)
 
@@ -122,7 +122,7 @@ class NodeState:
         """The sha256 of the file at `path` (None: no such file). KeyError for a path the read did not cover:
         deciding from a read that never looked would rewrite the file on every run."""
         if not self.covers(path):
-            raise KeyError(f"{path} is not in the node state read (pvegpu.node_state.node_request)")
+            raise KeyError(f"{path} is not in the node state read (pvegpu.run.node_state.node_request)")
         return self.files_sha256.get(path)
 
 

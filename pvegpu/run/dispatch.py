@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 from pyinfra import logger
 from pyinfra.context import host
 
-from pvegpu import pyinfra_patches
+from pvegpu.run import pyinfra_patches
 
 Route = tuple[tuple[str, ...], Sequence[Callable[[], object]]]
 
 
 def dispatch(entry: str, routes: Sequence[Route]) -> None:
     """Run the roles of every route whose groups the current host is in; else log that it is left alone.
-    Operations take their order from `pvegpu.pyinfra_patches` (pyinfra's results, cheaper)."""
+    Operations take their order from `pvegpu.run.pyinfra_patches` (pyinfra's results, cheaper)."""
     pyinfra_patches.install()
     groups = set(host.groups)
     matched = [role for route_groups, roles in routes if groups & set(route_groups) for role in roles]

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import click
 
+from pvegpu.cli.report import render_table
 from pvegpu.facts.hardware_parse import read_hardware_locally  # stdlib parser: no pyinfra import (startup)
 from pvegpu.facts.parsing import FactCommandError, ParseError
 from pvegpu.facts.pci_cfg import parse_pci_cfg, render_pci_cfg, replace_map_lines
 from pvegpu.models.fields import normalize_pci_id
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.inventory import GpuSelector
+from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import NODE_NAME, PciMapping
 from pvegpu.plan.heal import Status, plan_heal
 from pvegpu.plan.mapping import DEFAULT_PREFIX, MappingPlanError, managed_index, mapping_id, plan_mappings
 from pvegpu.plan.topology import Topology, plan_topology, plan_vendor_topology, topology_to_json
-from pvegpu.report import render_table
 
 NVIDIA = "10de"
 EXIT_REFUSED = 1

@@ -2,7 +2,8 @@
 
 The plan's inputs are read here, once: the validated specs (`host.data`), the host's inventory groups and the
 PCI hardware; on a Proxmox node the hardware, CPU vendor and kernel release come from the node's one state
-read (pvegpu/node_state.py), which its operations then share; on a serving host, from the read of its hardware
+read (pvegpu/run/node_state.py), which its operations then share; on a serving host, from the read of its
+hardware
 and state together when its roles asked for that first (`provide_hardware`). pyinfra calls the roles while it
 prepares a run; every role of the run then reads the same plan.
 """
@@ -15,12 +16,12 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from pvegpu.facts.hardware import PciHardware
-from pvegpu.guest_inventory import GUEST_OF_KEY
+from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.specs import host_specs
-from pvegpu.node_state import node_state_of
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
+from pvegpu.run.node_state import node_state_of
 
 _PLANS: WeakKeyDictionary[State, dict[str, NodePlan]] = WeakKeyDictionary()
 # Per run: the PCI hardware of hosts outside pve_nodes read along with their state (`provide_hardware`).
@@ -53,7 +54,7 @@ def planned(target: Host) -> bool:
 
 def provide_hardware(target: Host, hardware: HostHardware) -> None:
     """The PCI hardware of `target` (outside pve_nodes, not planned yet), read in one command with its state
-    (pvegpu.host_state.read_serving_host): its plan is computed from it instead of reading it again."""
+    (pvegpu.run.host_state.read_serving_host): its plan is computed from it instead of reading it again."""
     _HARDWARE.setdefault(target.state, {})[target.name] = hardware
 
 

@@ -21,7 +21,7 @@ An earlier pvegpu named the files after the VM (`<dir>/guest-keys/<vm name>_ed25
 `adopt_name_keyed_files` moves them to the new names on first use (a rename: same file, same 0600), never
 generating new ones, since the guest's sshd still has that host key.
 
-Every file is written whole or not at all (`pvegpu.local_files.write_whole`): a cut or a full disk leaves the
+Every file is written whole or not at all (`pvegpu.local.files.write_whole`): a cut or a full disk leaves the
 old file, and a failed write is one LocalWriteError line naming the file. `record_known_host` replaces only
 the lines for one address; every other line stays as it was."""
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from pvegpu.local_files import write_whole
+from pvegpu.local.files import write_whole
 from pvegpu.plan.ownership import owner_id
 
 GUEST_KEYS_DIR = "guest-keys"

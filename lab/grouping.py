@@ -15,7 +15,8 @@ PCIe-to-PCI bridge uses the bridge's requester id), lands on the same group here
 ACS and is probed before what is behind it, so step 1 reaches it too. Not modelled: device-specific DMA-alias
 quirks (`dma_alias_mask`).
 
-Calibrated against a real 6.1 kernel: tests/unit/test_fakesys.py (shared/fixtures/real-kernel) and the kernel
+Calibrated against a real 6.1 kernel: tests/unit/lab/test_fakesys.py (shared/fixtures/real-kernel) and the
+kernel
 tier (tests/kernel), which boots any topology under QEMU and compares.
 """
 

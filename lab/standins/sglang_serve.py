@@ -5,7 +5,7 @@ Packaged by `lab.guest_payload` as the `sglang` command of a stand-in `sglang` w
 the same data as pvegpu/data/sglang). Runs in the guest's venv, standard library only.
 
 The argv check follows SGLang's argparse parser and pvegpu's stricter rules (`pvegpu.plan.sglang.check_argv`;
-tests/unit/test_lab_standins.py holds both to the same verdicts): unknown options, abbreviations, deprecated
+tests/unit/lab/test_standins.py holds both to the same verdicts): unknown options, abbreviations, deprecated
 options, an option twice, missing or bad values, missing required options exit 2 with
 `sglang serve: error: <problem>` lines on stderr, like argparse. Then it serves on --host/--port:
 `GET /health` and `GET /ready` (never need the key), `GET /v1/models`, `POST /v1/chat/completions`

@@ -26,14 +26,14 @@ Issue 12's fault points, and where each is proven ("row": a row of ROWS here):
 14 the image download cut (its temporary file left), then 15 the cloud-init user-data snippet writer
    killed after staging: tests/lab/test_lab_faults.py::test_cut_download_then_cut_snippet_write_...
 16 garbage, truncated JSON, exit 0 from every API endpoint (GET, PUT, POST): one line naming the
-   endpoint, never a success: tests/unit/test_pve_garbage.py
+   endpoint, never a success: tests/unit/pve/test_answers_garbage.py
 17 a cut during the mapping sync or the VM create after Proxmox wrote: created with a warning, never "not
-   created": tests/unit/test_ops_mapping.py::test_drift_create_cut_after_proxmox_wrote_is_created_...,
-   tests/unit/test_ops_vm.py::test_drift_create_cut_after_the_task_ran_is_created_with_a_warning
+   created": tests/unit/operations/test_mapping.py::test_drift_create_cut_after_proxmox_wrote_is_created_...,
+   tests/unit/operations/test_vm.py::test_drift_create_cut_after_the_task_ran_is_created_with_a_warning
 18 another node's map line on a mapping, kept unless that node is in the inventory's cluster:
-   tests/unit/test_ops_mapping.py::test_noop_another_admins_line_of_a_node_outside_the_cluster_is_kept
+   tests/unit/operations/test_mapping.py::test_noop_another_admins_line_of_a_node_outside_the_cluster_is_kept
 19 the reboot drops every SSH session (pyinfra's, the API's) and the first run still finishes:
-   tests/lab/test_demo.py (two connections closed, run 1 passes), tests/unit/test_pve_reconnect.py
+   tests/lab/test_demo.py (two connections closed, run 1 passes), tests/unit/pve/test_ssh_reconnect.py
 
 Issue 24's point 8: every run whose connection is cut ends with one line for the node naming the step
 (pvegpu/run/progress.py `cut_line`), no traceback (no gevent greenlet's, no paramiko handshake's): the cut

@@ -123,7 +123,7 @@ def _file(lines: Lines) -> bytes:
 
 # The lab node's hardware (its captured state read), for checking pci.cfg's map lines of node pve1 against.
 REFERENCE_HARDWARE = parse_node_state(fixture("node_state_lab_node.txt")).hardware
-BOOT_LOADER = (  # BootLoader's output on a systemd-boot host (tests/unit/test_facts_boot.py's real hp1)
+BOOT_LOADER = (  # BootLoader's output on a systemd-boot host (tests/unit/facts/test_boot.py's real hp1)
     "#pvegpu:files", "/etc/kernel/proxmox-boot-uuids", "/etc/kernel/cmdline",
     "#pvegpu:commands", "proxmox-boot-tool", "update-grub",
     "#pvegpu:esps", "6D31-87F4", "CE07-1118",
@@ -133,7 +133,7 @@ BOOT_LOADER = (  # BootLoader's output on a systemd-boot host (tests/unit/test_f
     "CE07-1118 is configured with: uefi (versions: 6.8.12-4-pve)",
     "#pvegpu:end",
 )  # fmt: skip
-BOOT_FILES = (  # PvegpuBootFiles' output (tests/unit/test_facts_host.py)
+BOOT_FILES = (  # PvegpuBootFiles' output (tests/unit/facts/test_host.py)
     "#pvegpu:kernel_cmdline", "present", "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet",
     "#pvegpu:backup", "present", "root=ZFS=rpool/ROOT/pve-1 boot=zfs quiet",
     "#pvegpu:grub_dropin", "present", 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} amd_iommu=on iommu=pt"',

@@ -1,0 +1,121 @@
+"""The lab's stand-ins (lab/standins): the stand-in sglang refuses the argv pvegpu's check refuses and serves
+health, models and chat with SGLang's key rules; the stand-in nvidia-smi reports a fake sysfs's GPUs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from lab import fakesys
+from lab.standins import nvidia_smi, sglang_serve
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.plan.sglang import check_argv, plan_sglang_argv
+
+DEFAULT_ARGV = list(plan_sglang_argv(SglangSpec(), 8))
+CASES = {
+    "default": DEFAULT_ARGV,
+    "unknown": [*DEFAULT_ARGV, "--enable-ep-moe"],
+    "abbreviated": [*DEFAULT_ARGV, "--tp", "8"],
+    "ambiguous": [*DEFAULT_ARGV, "--cuda-graph-max-bs", "8"],
+    "deprecated": [*DEFAULT_ARGV, "--disable-cuda-graph"],
+    "twice": [*DEFAULT_ARGV, "--port", "1"],
+    "bad choice": [*DEFAULT_ARGV, "--kv-cache-dtype", "nvfp8"],
+    "bad int": [*DEFAULT_ARGV, "--nnodes", "two"],
+    "missing value": [*DEFAULT_ARGV, "--watchdog-timeout"],
+    "missing required": ["--tp-size", "8"],
+    "stray value": ["--model-path", "/m", "x"],
+}
+
+
+@pytest.fixture(autouse=True)
+def option_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in reads the table beside it in its wheel; here, pvegpu's copy of the same files."""
+    data = Path(__file__).resolve().parents[3] / "pvegpu/data/sglang"
+    monkeypatch.setattr(sglang_serve, "OPTIONS", data / "sglang_0.5.23_options.json")
+    monkeypatch.setattr(sglang_serve, "DEPRECATED", data / "sglang_0.5.23_deprecated.json")
+
+
+@pytest.mark.parametrize("argv", CASES.values(), ids=CASES.keys())
+def test_standin_refuses_what_pvegpu_refuses(argv: list[str]) -> None:
+    problems, _ = sglang_serve.check(argv)
+    assert len(problems) == len(check_argv(argv))
+    assert bool(problems) == (argv != DEFAULT_ARGV)
+
+
+def test_standin_exit_2_with_argparse_style_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sglang_serve.main(["serve", *CASES["unknown"]]) == 2
+    assert (
+        capsys.readouterr().err
+        == "sglang serve: error: --enable-ep-moe is not an option of sglang serve 0.5.23\n"
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    _, values = sglang_serve.check(["--model-path", "/m", "--served-model-name", "glm-5", "--api-key", "k3y"])
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), sglang_serve.make_handler(values, "k3y"))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def get(url: str, key: str | None = None, body: object = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_standin_serves_with_sglangs_key_rules(server: str) -> None:
+    assert get(f"{server}/health") == (200, "")
+    assert get(f"{server}/v1/models")[0] == 401
+    status, body = get(f"{server}/v1/models", "k3y")
+    assert (status, json.loads(body)["data"][0]["id"]) == (200, "glm-5")
+    status, body = get(
+        f"{server}/v1/chat/completions", "k3y", {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert json.loads(body)["choices"][0]["message"]["content"] == "STAND-IN reply to: hi"
+
+
+def test_nvidia_smi_standin_lists_the_trees_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fakesys.write_tree(tmp_path / "sys", "reference")
+    version = tmp_path / "version"
+    settings = tmp_path / "nvidia.env"
+    settings.write_text(f"SYSFS_ROOT={tmp_path / 'sys'}\nVERSION_FILE={version}\nNVML_DIR={tmp_path}\n")
+    monkeypatch.setattr(nvidia_smi, "SETTINGS", settings)
+
+    assert nvidia_smi.main([]) == 9  # no module loaded yet
+    assert "couldn't communicate with the NVIDIA driver" in capsys.readouterr().out
+
+    version.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (x)\n"
+    )
+    assert nvidia_smi.main(["--query-gpu=index,pci.bus_id,driver_version", "--format=csv,noheader"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    buses = sorted(gpu["address"] for gpu in fakesys.manifest("reference")["gpus"])
+    assert rows == [f"{i}, 0000{bus.upper()}.0, 580.95.05" for i, bus in enumerate(buses)]
+    assert nvidia_smi.main(["--query-gpu=memory.total", "--format=csv"]) == 2
+    assert capsys.readouterr().out == 'Field "memory.total" is not a valid field to query.\n\n'
+
+    # Userspace of another build than the loaded module: NVML refuses, as the real tool does.
+    (tmp_path / "libnvidia-ml.so.1").write_text("")
+    (tmp_path / "libnvidia-ml.so.590.48.01").write_text("")
+    assert nvidia_smi.main(["-L"]) == 18
+    assert capsys.readouterr().out == (
+        "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 590.48.01\n"
+    )

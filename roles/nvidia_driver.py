@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host
 from pyinfra.operations import server, systemd
@@ -48,7 +47,7 @@ from pvegpu.plan.driver import (
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
 from pvegpu.run.host_state import state_of
-from pvegpu.run.plan import plan_of
+from pvegpu.run.plan import plan_failures, plan_of
 
 
 @deploy("Install the NVIDIA driver")
@@ -58,13 +57,11 @@ def nvidia_driver(placement: Placement = "guest") -> None:
     node, driver = plan.specs.node, plan.specs.driver
     observed = state_of(host)
     release = observed.os_release
-    try:
+    with plan_failures(host):
         problems = flavour_problems(driver, node.gpus.ids)
         if problems:
             raise PlanError("\n".join(problems))
         distro = cuda_distro(release.get("ID"), release.get("VERSION_ID"))
-    except PlanError as error:
-        raise OperationError(f"{host.name}: {error}") from None
     container = placement == "container"
 
     cuda_repository(

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.context import host, inventory
 
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.operations.mapping import foreign_mappings, pci_mappings
-from pvegpu.plan.mapping import MappingPlanError, plan_mappings
+from pvegpu.plan.mapping import plan_mappings
 from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.p2p import clique_args, plan_cliques, single_function_gpus
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.host_client import api_spec, pve_client
-from pvegpu.run.plan import plan_of
+from pvegpu.run.plan import plan_failures, plan_of
 
 
 def cluster_hosts(target: Host) -> list[Host]:
@@ -70,10 +69,8 @@ def pci_mapping() -> None:
     plan = plan_of(host)
     topologies = {plan_of(peer).specs.node.name: plan_of(peer).topology for peer in peers}
     single = {plan_of(peer).specs.node.name: _single_function(peer) for peer in peers}
-    try:
+    with plan_failures(host, "cannot map the GPUs:\n"):
         desired = plan_mappings(topologies, plan.mapping_prefix, single)
-    except MappingPlanError as error:
-        raise OperationError(f"{host.name}: cannot map the GPUs:\n{error}") from None
     pve, node = plan.specs.pve, plan.specs.node.name
     owner, adopt = owner_id(pve.owner, pve.cluster, node), plan.specs.mapping.adopt
     api = pve_client(host)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
@@ -43,7 +42,7 @@ from pvegpu.plan.sglang_service import (
     probe_target,
 )
 from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, node_p2p, sglang_home, state_of
-from pvegpu.run.plan import node_host_of, plan_of
+from pvegpu.run.plan import node_host_of, plan_failures, plan_of
 
 _P2P_NOTE = (
     "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
@@ -63,7 +62,7 @@ def sglang() -> None:
     """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
     plan = plan_of(host)
     node, spec, hardware, topology = plan.specs.node, plan.specs.sglang, plan.hardware, plan.topology
-    try:
+    with plan_failures(host):
         topo = _guest_nccl_topo() if node.profile == "vm" else None
         nccl = plan_nccl(
             node.profile,
@@ -81,8 +80,6 @@ def sglang() -> None:
         if problems:
             # Before any operation: a bad key never stops (nor restarts) a running service.
             raise PlanError("\n".join(problems))
-    except PlanError as error:
-        raise OperationError(f"{host.name}: {error}") from None
 
     system_group(name="Add the SGLang system group", group=spec.user)
     system_user(

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pvegpu.models.pve import CONFIG_ID
+from pvegpu.plan.errors import PlanError
 from pvegpu.plan.mapping import managed_index
 
 MAX_HOSTPCI = 16
@@ -42,7 +43,7 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
 KEYS = (*BOOLEANS, *_PATTERNS)
 
 
-class HostPciError(ValueError):
+class HostPciError(PlanError):
     """A hostpci value Proxmox would refuse, or a slot pvegpu must not take; the message says which."""
 
 

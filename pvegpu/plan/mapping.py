@@ -35,13 +35,14 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from pvegpu.models.pve import CONFIG_ID, MapEntry, MapEntryError, PciMapping, parse_map_entry
+from pvegpu.plan.errors import PlanError
 from pvegpu.plan.ownership import Mark, mapping_description, mapping_mark
 from pvegpu.plan.topology import Topology, Verdict
 
 DEFAULT_PREFIX = "gpu"
 
 
-class MappingPlanError(ValueError):
+class MappingPlanError(PlanError):
     """The nodes' GPUs cannot be mapped; `problems` holds one sentence per problem (also the message)."""
 
     def __init__(self, problems: Sequence[str]) -> None:

@@ -10,8 +10,11 @@ prepares a run; every role of the run then reads the same plan.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from weakref import WeakKeyDictionary
 
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
@@ -20,6 +23,7 @@ from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.specs import host_specs
+from pvegpu.plan.errors import PlanError
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
 from pvegpu.run.node_state import node_state_of
 
@@ -63,3 +67,14 @@ def node_host_of(guest: Host) -> Host | None:
     no guest, or whose node is not in the inventory (a guest listed by hand, an inventory of guests only)."""
     name = guest.data.get(GUEST_OF_KEY)
     return guest.state.inventory.get_host(str(name), None) if name else None
+
+
+@contextmanager
+def plan_failures(host: Host, what: str = "") -> Iterator[None]:
+    """A planner's `PlanError` under it stops the host's run as pyinfra's OperationError, one
+    `<host>: <what><message>` text (the message names the field or device), while pyinfra prepares the run:
+    before any operation of the role, so a bad input never stops nor changes a running host."""
+    try:
+        yield
+    except PlanError as error:
+        raise OperationError(f"{host.name}: {what}{error}") from None

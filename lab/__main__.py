@@ -15,7 +15,8 @@ import os
 import sys
 from typing import cast
 
-from lab import boot, fakesys, guest_payload, hosts, root
+from lab import boot, fakesys, guest_payload, hosts
+from lab.errors import LabError
 from lab.pve import node as pve_node
 from lab.pve import seed
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             argv_ssh = hosts.ssh_argv(hosts.get_host(args.name), *args.cmd)
             os.execvp(argv_ssh[0], argv_ssh)
-    except (hosts.LabError, root.RootBuildError) as error:
+    except LabError as error:
         print(f"lab: {error}", file=sys.stderr)
         return 1
     return 0

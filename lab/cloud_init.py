@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from lab.errors import LabError
 from lab.images import ImageMeta
 
 # cloud-init's ssh_util.DISABLE_USER_OPTS.
@@ -52,7 +53,7 @@ SUDOERS = "etc/sudoers.d/90-cloud-init-users"
 _LAB_ADDRESS = re.compile(r"10\.200\.(\d{1,3})\.2/24")
 
 
-class CloudInitError(ValueError):
+class CloudInitError(LabError, ValueError):
     """The VM's cloud-init data cannot be applied by the lab (the message says which key and why)."""
 
 

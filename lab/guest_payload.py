@@ -53,6 +53,7 @@ import zipfile
 from pathlib import Path
 
 from lab import hosts, root
+from lab.errors import LabError
 from lab.pve.guest import Passed, q35_guest
 from lab.topologies import NVIDIA, TOPOLOGIES
 from lab.topology import Topology, place
@@ -103,7 +104,7 @@ WantedBy=multi-user.target
 """
 
 
-class PayloadError(RuntimeError):
+class PayloadError(LabError):
     """Building the payload failed; the message holds the failing command and its output."""
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from lab import fakesys, root
+from lab.errors import LabError
 from lab.topology import Topology
 
 Mode = Literal["netns", "nspawn"]
@@ -60,10 +61,6 @@ FRESH_PVE_CMDLINE = "BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-
 # Where the fake sysfs tree and the fake kernel command line are, per mode (node settings).
 SYSFS_ROOT: dict[Mode, str] = {"netns": "/sys", "nspawn": "/opt/fakesys"}
 CMDLINE_PATH: dict[Mode, str] = {"netns": "/proc/cmdline", "nspawn": "/opt/fakeproc/cmdline"}
-
-
-class LabError(RuntimeError):
-    """A lab host could not be started or stopped; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

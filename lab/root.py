@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from lab.errors import LabError
+
 SUITE = "bookworm"
 MIRROR = os.environ.get("PVEGPU_LAB_MIRROR", "http://deb.debian.org/debian")
 
@@ -66,7 +68,7 @@ REMOVE = ("etc/ssh/ssh_host_*", "var/lib/apt/lists/*", "var/cache/apt/*.bin", "v
 _TAR = ("tar", "--numeric-owner", "--xattrs", "--xattrs-include=*")
 
 
-class RootBuildError(RuntimeError):
+class RootBuildError(LabError):
     """Building or unpacking the root failed; the message holds the failing command's output tail."""
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from lab.errors import LabError
+
 
 class Kind(enum.Enum):
     """What the kernel's ACS code distinguishes (pci_pcie_type(), or no PCIe capability at all)."""
@@ -151,7 +153,7 @@ class Placed:
         return self.parents[-1] if self.parents else None
 
 
-class TopologyError(ValueError):
+class TopologyError(LabError, ValueError):
     """A description no firmware could lay out (a device twice, function 0 missing, bus numbers exhausted
     or shared by two root complexes)."""
 

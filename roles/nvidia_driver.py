@@ -24,9 +24,9 @@ from pyinfra.context import host
 from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
+from pvegpu.operations.from_state import file_content, packages, service
 from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
 from pvegpu.operations.render import render
-from pvegpu.operations.state import file_content, packages, service
 from pvegpu.operations.vfio import UPDATE_INITRAMFS
 from pvegpu.plan.driver import (
     DEVICES_SERVICE,

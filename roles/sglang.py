@@ -21,10 +21,10 @@ from pyinfra.operations.util import any_changed
 
 from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.sglang_options import SGLANG_VERSION
+from pvegpu.operations.from_state import directory, file_content, packages, service, system_group, system_user
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
-from pvegpu.operations.state import directory, file_content, packages, service, system_group, system_user
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lab import hosts
+from lab.errors import LabError
 from pvegpu.models.pve_privileges import ACL_PATH, ROLE_NAME, privilege_names
 
 PORT = 8006
@@ -128,7 +129,7 @@ def start(host: hosts.LabHost) -> None:
     )
     done = subprocess.run(hosts.ssh_argv(host, command), check=False, capture_output=True, text=True)
     if done.returncode != 0:
-        raise hosts.LabError(f"{host.name}: starting pveproxy: exit {done.returncode}: {done.stderr.strip()}")
+        raise LabError(f"{host.name}: starting pveproxy: exit {done.returncode}: {done.stderr.strip()}")
     deadline = time.monotonic() + _START_TIMEOUT_S
     while True:
         try:
@@ -137,5 +138,5 @@ def start(host: hosts.LabHost) -> None:
         except OSError:
             if time.monotonic() > deadline:
                 log = (host.root / PVEPROXY_LOG.lstrip("/")).read_text(errors="replace")[-2000:]
-                raise hosts.LabError(f"{host.name}: pveproxy did not start; its log:\n{log}") from None
+                raise LabError(f"{host.name}: pveproxy did not start; its log:\n{log}") from None
             time.sleep(0.05)

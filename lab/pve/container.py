@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from lab import guest_payload, hosts
+from lab.errors import LabError
 from lab.pve.node import CONTAINER_RECORD
 
 _SSH_TIMEOUT_S = 60
 
 
-class ContainerError(RuntimeError):
+class ContainerError(LabError):
     """The container lab host could not be set up; the message says why."""
 
 

@@ -55,6 +55,7 @@ from types import FrameType
 from typing import Any, cast
 
 from lab import cloud_init, guest_payload, hosts, images
+from lab.errors import LabError
 from lab.pve import agent, container, qemu_check
 from lab.pve.guest import GuestError, Passed, guest_topology
 from lab.pve.node import GUEST_RECORD, HV_DIR
@@ -127,7 +128,7 @@ def start_vm(
         for path, content in images.esp_files(image).items():
             (guest.root / "boot/efi" / path).parent.mkdir(parents=True, exist_ok=True)
             (guest.root / "boot/efi" / path).write_bytes(content)
-    except (hosts.LabError, guest_payload.PayloadError, cloud_init.CloudInitError) as error:
+    except (LabError, guest_payload.PayloadError, cloud_init.CloudInitError) as error:
         hosts.down(name)
         hosts.remove_dependent(node, name)
         return {"ok": False, "error": str(error).splitlines()[0]}
@@ -168,7 +169,7 @@ def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode)
         return container.run(node, vmid, [str(a) for a in request["argv"]], timeout_s)
     try:
         host = container.up(node, vmid, list(request["dev"]), guest_mode)
-    except (container.ContainerError, hosts.LabError, guest_payload.PayloadError) as error:
+    except (container.ContainerError, LabError, guest_payload.PayloadError) as error:
         return {"ok": False, "error": str(error).splitlines()[0]}
     return {"ok": True, "pid": host.pid, "guest": host.name}
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lab import hosts, images
+from lab.errors import LabError
 from lab.pve import api_setup
 
 PVESH = Path(__file__).with_name("pvesh.py")
@@ -154,7 +155,7 @@ def _wait_for_images(host: hosts.LabHost) -> None:
         except OSError:
             if time.monotonic() > deadline:
                 log = (host.state_dir / "companion.log").read_text(errors="replace")[-2000:]
-                raise hosts.LabError(
+                raise LabError(
                     f"{host.name}: the lab hypervisor's image server did not start; its log:\n{log}"
                 ) from None
             time.sleep(0.05)
@@ -191,5 +192,5 @@ def bios_change(name: str, topology: str) -> hosts.LabHost:
 def _ssh(host: hosts.LabHost, command: str) -> str:
     done = subprocess.run(hosts.ssh_argv(host, command), check=False, capture_output=True, text=True)
     if done.returncode != 0:
-        raise hosts.LabError(f"{host.name}: {command}: exit {done.returncode}: {done.stderr.strip()}")
+        raise LabError(f"{host.name}: {command}: exit {done.returncode}: {done.stderr.strip()}")
     return done.stdout

@@ -855,7 +855,8 @@ def parse_storage_cfg(text: str) -> list[Storage]:
             continue
         prop = re.fullmatch(r"\s+(\S+)(\s+(.*\S))?\s*", line)
         if current is not None and prop is not None:
-            current.options[prop.group(1)] = prop.group(3) if prop.group(3) is not None else "1"
+            # SectionConfig::parse_config: a repeated key is a "duplicate attribute", the first value kept
+            current.options.setdefault(prop.group(1), prop.group(3) if prop.group(3) is not None else "1")
     if not any(s.id == "local" and s.type == "dir" for s in storages):
         storages = [s for s in storages if s.id != "local"]
         content = "backup,images,iso,rootdir,snippets,vztmpl"
@@ -1014,12 +1015,17 @@ def parse_mapping_cfg(text: str) -> list[Section]:
             check_value("map", P(props=MAP_FMT), value, errors)
             if not errors:
                 current.map.append(value)
-        elif key in ("mdev", "live-migration-capable"):
-            if value is None or value in ("0", "1"):
-                current.options[key] = 1 if value is None else int(value)
-        elif key == "description" and value is not None:
-            current.options[key] = value
+        elif key not in current.options:  # SectionConfig: a repeated key is a duplicate, the first kept
+            _mapping_option(current.options, key, value)
     return [s for s in sections if s.map]
+
+
+def _mapping_option(options: dict[str, Any], key: str, value: str | None) -> None:
+    if key in ("mdev", "live-migration-capable"):
+        if value is None or value in ("0", "1"):
+            options[key] = 1 if value is None else int(value)
+    elif key == "description" and value is not None:
+        options[key] = value
 
 
 def write_mapping_cfg(sections: list[Section]) -> str:

@@ -20,6 +20,7 @@ import hashlib
 import uuid
 
 from lab import hosts, images
+from lab.errors import LabError
 from lab.pve import node as pve_node
 
 DISK_GIB = 32
@@ -27,7 +28,7 @@ VOLUMES = "var/lib/pvegpu-lab/volumes/local-lvm"  # the stand-in's LVM-thin data
 MAPPING_PREFIX = "gpu"
 
 
-class SeedError(hosts.LabError):
+class SeedError(LabError):
     """The VM cannot be seeded (the message says why)."""
 
 

@@ -1,4 +1,4 @@
-"""`ServingRead`: a serving host's PCI hardware and its state (`guest_state.GuestState`) in ONE command, for a
+"""`ServingRead`: a serving host's PCI hardware and its state (`host_read.HostRead`) in ONE command, for a
 host outside `pve_nodes` whose plan and state are both needed before its operations (a VM guest, a container,
 a bare-metal host): one round trip instead of the hardware's and then the state's.
 
@@ -19,8 +19,8 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError, fact_errors
-from pvegpu.facts.guest_state import HostState, StateRequest, parse_state, state_command, targeted
 from pvegpu.facts.hardware import hardware_command, parse_hardware
+from pvegpu.facts.host_read import HostState, StateRequest, parse_state, state_command, targeted
 from pvegpu.facts.parsing import PACK, unpacked
 from pvegpu.models.hardware import HostHardware
 

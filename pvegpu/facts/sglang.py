@@ -1,7 +1,7 @@
 """The SGLang service's host-side state: the version in its venv, and whether its HTTP API answers.
 
 `VERSION_SCRIPT` prints the venv's sglang version (`parse_venv` -> `VenvState`; run by
-`pvegpu.facts.guest_state`, the host's one state read); `SglangProbe(python, base_url, key_file)` -> `Probe`;
+`pvegpu.facts.host_read`, the host's one state read); `SglangProbe(python, base_url, key_file)` -> `Probe`;
 `SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`);
 `SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log;
 `SglangNcclRuns()` -> those lines of every run still in the journal, by run (`pvegpu.facts.nccl_journal`).

@@ -1,5 +1,5 @@
 """pvegpu's records of the guest creates it sent, so that the next run can prove a dead create its own
-(pvegpu/plan/dead_create.py).
+(pvegpu/plan/create_proof.py).
 
 Where: on this machine, beside the guest keys of the node's known_hosts file (pvegpu/local/guest_keys.py),
 not on
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pvegpu.local.files import write_whole
 from pvegpu.local.guest_keys import GUEST_KEYS_DIR
-from pvegpu.plan.dead_create import CreateRecord
+from pvegpu.plan.create_proof import CreateRecord
 
 TASKS_DIR = "tasks"
 _MODE = 0o600

@@ -1,5 +1,5 @@
 """A serving host's files, systemd units and users as its state read shows them
-(`pvegpu.facts.guest_state`). Plain frozen data."""
+(`pvegpu.facts.host_read`). Plain frozen data."""
 
 from __future__ import annotations
 

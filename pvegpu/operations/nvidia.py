@@ -1,7 +1,7 @@
 """NVIDIA driver operations: the CUDA apt repository, the loaded kernel module (reboot), verification.
 
 They decide from the host's one state read (`pvegpu.run.host_state.state_of`: the keyring, the list file's
-sha256, the loaded module, nvidia-smi); packages, files and units are `pvegpu.operations.state`'s.
+sha256, the loaded module, nvidia-smi); packages, files and units are `pvegpu.operations.from_state`'s.
 """
 
 from __future__ import annotations

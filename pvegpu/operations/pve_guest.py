@@ -46,7 +46,7 @@ from pvegpu.models.pve import GuestConfig, StorageVolume, TaskStatus
 from pvegpu.models.pve_root_only import ROOT_USER
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.operations.start_failure import start_failure
-from pvegpu.plan.dead_create import (
+from pvegpu.plan.create_proof import (
     CreateRecord,
     carries_nonce,
     create_storages,
@@ -348,7 +348,7 @@ def _dead_create(
     an unfinished create), which `_remake` replaces, the UPID of that create (the guest's newest task,
     checked again before the unlock) and pvegpu's record of it; OperationError with today's report
     (`locked`, `_half_made`) when its create task still runs, is not the newest task, is not provably
-    pvegpu's (pvegpu/plan/dead_create.py: the record, the whole task list, the nonce; the reason logged),
+    pvegpu's (pvegpu/plan/create_proof.py: the record, the whole task list, the nonce; the reason logged),
     or pvegpu may not remove it."""
     lock = current.values.get("lock")
     try:
@@ -422,7 +422,7 @@ def _newest_of_all(guest: Guest, tasks: Sequence[TaskStatus]) -> TaskStatus | st
 @dataclass(frozen=True)
 class DeadCreate:
     """pvegpu's own dead create as judged while preparing: the `leftover` config, its task `upid`, pvegpu's
-    `record` of it and the `storages` its disk keys allocate on (plan/dead_create.py create_storages)."""
+    `record` of it and the `storages` its disk keys allocate on (plan/create_proof.py create_storages)."""
 
     leftover: GuestConfig
     upid: str

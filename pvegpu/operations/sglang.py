@@ -1,7 +1,7 @@
 """SGLang operations: the pinned package in its venv, the model download, and readiness after a start.
 
 The venv and the model decide from the host's one state read (`pvegpu.run.host_state.state_of`); the user,
-files, unit and restarts are `pvegpu.operations.state`'s.
+files, unit and restarts are `pvegpu.operations.from_state`'s.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`state_of(host)`: the host's `HostState` (pvegpu/facts/guest_state.py), read once per host and run.
+"""`state_of(host)`: the host's `HostState` (pvegpu/facts/host_read.py), read once per host and run.
 
 What is read comes from the host's plan (`state_request`): the paths, units, users, venv and key files of the
 driver and SGLang roles the plan gives the host, the initramfs images older than the driver's nouveau
@@ -18,7 +18,7 @@ from weakref import WeakKeyDictionary
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
-from pvegpu.facts.guest_state import GuestState, HostState, StateRequest
+from pvegpu.facts.host_read import HostRead, HostState, StateRequest
 from pvegpu.facts.serving_read import ServingRead
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
@@ -151,7 +151,7 @@ def state_of(target: Host) -> HostState:
     cached = states.get(target.name)
     if cached is not None and cached[0] == changes:
         return cached[1]
-    state = target.get_fact(GuestState, request=state_request(plan_of(target), node_p2p(target)))
+    state = target.get_fact(HostRead, request=state_request(plan_of(target), node_p2p(target)))
     states[target.name] = (changes, state)
     return state
 

@@ -21,7 +21,7 @@ from lab import boot, hosts
 from lab.pve import api_setup
 from lab.pve import node as pve_node
 from pvegpu.local.create_records import ledger_beside
-from pvegpu.plan.dead_create import CreateRecord, start_time
+from pvegpu.plan.create_proof import CreateRecord, start_time
 from pvegpu.pve.https import connect_https
 from tests.lab.test_lab_vm import prepare_host
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts
+from lab.errors import LabError
 
 pytestmark = pytest.mark.lab
 
@@ -99,11 +100,11 @@ def test_ssh_refuses_a_host_whose_key_is_not_the_recorded_one(make_host: MakeHos
 
 def test_up_refuses_bad_names_unknown_topologies_and_taken_names(make_host: MakeHost) -> None:
     host = make_host()
-    with pytest.raises(hosts.LabError) as taken:
+    with pytest.raises(LabError) as taken:
         hosts.up(host.name, "reference")
-    with pytest.raises(hosts.LabError) as bad_name:
+    with pytest.raises(LabError) as bad_name:
         hosts.up("Node_1", "reference")
-    with pytest.raises(hosts.LabError) as bad_topology:
+    with pytest.raises(LabError) as bad_topology:
         hosts.up("t999", "no-such-box")
 
     assert (
@@ -124,7 +125,7 @@ def test_failed_up_raises_with_the_log_and_cleans_up(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(hosts, "_HOST_INIT", broken_init)
     name = f"f{os.getpid() % 10000}"
 
-    with pytest.raises(hosts.LabError) as failed:
+    with pytest.raises(LabError) as failed:
         hosts.up(name, "reference")
 
     state = hosts.run_dir() / name

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from pvegpu.facts.boot import parse_boot_loader, parse_cmdline, parse_pveversion
 from pvegpu.facts.cpu import parse_cpu_kernel
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.guest_state import parse_state
 from pvegpu.facts.hardware import parse_hardware
 from pvegpu.facts.host_checks import parse_host_checks
 from pvegpu.facts.host_driver import parse_host_driver
+from pvegpu.facts.host_read import parse_state
 from pvegpu.facts.lxc_devices import parse_nvidia_nodes, parse_nvml_version
 from pvegpu.facts.nccl import parse_transports
 from pvegpu.facts.nccl_journal import parse_nccl_runs
@@ -343,7 +343,7 @@ TARGETS: tuple[Target, ...] = (
         (("6.8.12-4-pve", "vendor_id\t: AuthenticAMD"), ("6.18.44-fc-v657-gpu", "vendor_id\t: GenuineIntel")),
     ),
     Target(
-        "host state (facts.guest_state.parse_state)",
+        "host state (facts.host_read.parse_state)",
         parse_state,
         (FactParseError,),
         (

@@ -1,4 +1,4 @@
-"""A `HostState` (pvegpu/facts/guest_state.py) for operation tests, and a fixture-free way to make the
+"""A `HostState` (pvegpu/facts/host_read.py) for operation tests, and a fixture-free way to make the
 operations decide from it: `decide_from(monkeypatch, state)` answers every `state_of(host)` with `state`."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ from collections.abc import Mapping
 
 import pytest
 
-from pvegpu.facts.guest_state import HostState
+from pvegpu.facts.host_read import HostState
 from pvegpu.facts.sglang import VenvState
 from pvegpu.models.guest_state import PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 
 # Every module whose operations read the state (each imported `state_of` by name).
 _READERS = (
-    "pvegpu.operations.state",
+    "pvegpu.operations.from_state",
     "pvegpu.operations.nvidia",
     "pvegpu.operations.sglang",
     "pvegpu.operations.nccl_topo",

@@ -180,6 +180,18 @@ def test_storage_sections_as_sectionconfig_reads_them() -> None:
     assert storage_answer(cfg, "bad.id.") is None  # an invalid id: Proxmox skips the section
 
 
+def test_a_repeated_key_keeps_its_first_value_in_pvegpu_and_the_stand_in(tmp_path: Path) -> None:
+    # pve-common SectionConfig.pm parse_config: `die "duplicate attribute\n" if defined($config->{$k})`
+    cfg = (
+        LAB_STORAGE
+        + b"\ndir: images\n\tpath /srv/images\n\tpath /srv/other\n\tcontent import\n\tcontent iso\n"
+    )
+    answer = storage_answer(cfg, "images")
+    assert answer == _standin(tmp_path, ["/storage/images"], {"etc/pve/storage.cfg": cfg})
+    assert answer is not None
+    assert (answer["path"], answer["content"]) == ("/srv/images", "import")
+
+
 @pytest.mark.parametrize(
     ("cfg", "storage"),
     [

@@ -12,8 +12,8 @@ import pytest
 
 from lab import fakesys
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.guest_state import GuestState, StateRequest
 from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.host_read import HostRead, StateRequest
 from pvegpu.facts.serving_read import STATE_MARKER, ServingRead, parse_serving_read, serving_read_command
 from pvegpu.models.sglang import ProbeTarget
 
@@ -35,7 +35,7 @@ def test_one_command_gives_what_the_two_facts_give(tmp_path: Path) -> None:
     read = fact.process(done.stdout.splitlines())
 
     assert read.hardware == PciHardware().process(run(PciHardware().command(str(sysfs))).stdout.splitlines())
-    alone = GuestState()
+    alone = HostRead()
     state = alone.process(run(alone.command(request)).stdout.splitlines())
     # Equal but for the shell's own line numbers in "not found" messages (`sh: 38: ...`).
     assert replace(read.state, smi=state.smi, probe=state.probe) == state

@@ -19,7 +19,7 @@ from pvegpu.local.create_records import CreateLedger
 from pvegpu.local.files import LocalWriteError, write_whole
 from pvegpu.local.guest_keys import record_known_host
 from pvegpu.operations.guest_known import GuestIdentity, _record
-from pvegpu.plan.dead_create import CreateRecord
+from pvegpu.plan.create_proof import CreateRecord
 
 OLD = b"203.0.113.10 ssh-ed25519 AAAAold\n"
 NEW = "203.0.113.10 ssh-ed25519 AAAAnew\n198.51.100.7 ssh-ed25519 AAAAother\n"

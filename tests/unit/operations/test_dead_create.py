@@ -15,7 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pvegpu.local.create_records import CreateLedger, ledger_beside
 from pvegpu.models.pve_root_only import root_only_params
 from pvegpu.operations.lxc import lxc_container
-from pvegpu.plan.dead_create import CreateRecord
+from pvegpu.plan.create_proof import CreateRecord
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.transport import Params
 from tests.unit.fake_pve import NONCED, UPID_CREATE, ConfigStore, FakeApi, execute, task_ok

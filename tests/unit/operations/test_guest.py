@@ -16,7 +16,7 @@ import pytest
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.guest_state import HostState
+from pvegpu.facts.host_read import HostState
 from pvegpu.facts.sglang import Probe, SglangProbe, VenvState
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.guest_state import MISSING, PathState

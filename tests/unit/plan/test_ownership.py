@@ -181,7 +181,7 @@ def test_create_container_carries_the_mark() -> None:
     execute(commands)
 
     [(method, path, sent)] = api.writes()
-    # the mark, then the create's nonce line (pvegpu/plan/dead_create.py), which the create removes again
+    # the mark, then the create's nonce line (pvegpu/plan/create_proof.py), which the create removes again
     assert (method, path, sent["tags"], sent["description"].splitlines()[0]) == (
         "POST",
         "/nodes/pve1/lxc",

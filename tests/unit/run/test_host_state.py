@@ -9,8 +9,8 @@ from typing import Any, cast
 
 from pyinfra.api.host import Host
 
-from pvegpu.facts.guest_state import GuestState
 from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.host_read import HostRead
 from pvegpu.facts.serving_read import ServingRead, ServingState
 from pvegpu.models.groups import LXC_GUESTS, VM_GUESTS
 from pvegpu.models.specs import host_specs
@@ -67,7 +67,7 @@ class ServingHost:
         self.facts.append((fact, kwargs))
         answers: dict[type, object] = {
             ServingRead: self.read,
-            GuestState: host_state(),
+            HostRead: host_state(),
             PciHardware: two_cards(),
         }
         return answers[fact]
@@ -88,7 +88,7 @@ def test_a_serving_host_is_read_once_for_its_plan_and_its_operations() -> None:
     assert guest.facts == [(ServingRead, {"sysfs_root": "/opt/s", "request": state_request(plan)})]
     guest.ran_an_operation()  # after a change the state is read on its own
     assert state_of(target) == host_state()
-    assert [fact for fact, _ in guest.facts] == [ServingRead, GuestState]
+    assert [fact for fact, _ in guest.facts] == [ServingRead, HostRead]
 
 
 def test_a_planned_host_is_not_read_together() -> None:
@@ -97,7 +97,7 @@ def test_a_planned_host_is_not_read_together() -> None:
     plan_of(target)
     read_serving_host(target)
     state_of(target)
-    assert [fact for fact, _ in guest.facts] == [PciHardware, GuestState]
+    assert [fact for fact, _ in guest.facts] == [PciHardware, HostRead]
 
 
 def test_the_unchanged_state_is_the_read_until_a_change() -> None:

@@ -1,4 +1,4 @@
-"""The host state read (pvegpu/facts/guest_state.py): the parser on a real capture from a lab VM guest, the
+"""The host state read (pvegpu/facts/host_read.py): the parser on a real capture from a lab VM guest, the
 command run here with sh on real files (and the readiness probe against a real HTTP server), and the errors
 for output of another shape."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.guest_state import GuestState, StateRequest, parse_state, state_command
+from pvegpu.facts.host_read import HostRead, StateRequest, parse_state, state_command
 from pvegpu.facts.sglang import Probe, VenvState
 from pvegpu.models.guest_state import MISSING, PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule
@@ -207,7 +207,7 @@ def test_the_probe_runs_beside_the_read(tmp_path: Path) -> None:
         nothing = ProbeTarget(str(tmp_path / "no-venv/bin/python"), url, None)
         states = {}
         for target in (answered, refused, nothing):
-            fact = GuestState()
+            fact = HostRead()
             command = fact.command(StateRequest(probe=target))
             done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
             states[target] = fact.process(done.stdout.splitlines())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.models.pve import StorageVolume, TaskStatus
-from pvegpu.plan.dead_create import (
+from pvegpu.plan.create_proof import (
     CLOCK_SKEW_S,
     CreateRecord,
     CreateVolumes,

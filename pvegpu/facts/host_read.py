@@ -1,4 +1,4 @@
-"""A serving host's state, everything its roles decide from, read with ONE shell command (`GuestState`).
+"""A serving host's state, everything its roles decide from, read with ONE shell command (`HostRead`).
 
 `state_command(request)` prints sections, each opened by a marker line `#pvegpu:<name>`, in this order:
 
@@ -96,7 +96,7 @@ class HostState:
     each requested record's text (None: missing); `p2p_record` is the P2P probe's record when it was
     requested and is one pvegpu wrote, else None; `stale_initramfs` the images older than the request's
     `initramfs_after` (none when not requested); `probe` SGLang's readiness when it was requested and read,
-    else None, and `probe_target` what it probed (set from the request by `GuestState`)."""
+    else None, and `probe_target` what it probed (set from the request by `HostRead`)."""
 
     os_release: Mapping[str, str]
     kernel: str
@@ -391,8 +391,8 @@ def _records(lines: list[tuple[int, str]]) -> dict[str, str | None]:
     return records
 
 
-class GuestState(FactBase[HostState]):
-    """`host.get_fact(GuestState, request=StateRequest(...))` (module docstring). Read it through
+class HostRead(FactBase[HostState]):
+    """`host.get_fact(HostRead, request=StateRequest(...))` (module docstring). Read it through
     `pvegpu.run.host_state.state_of`, which reads it once per host and run."""
 
     # The request, for `process`: pyinfra calls `command` and `process` on one instance.

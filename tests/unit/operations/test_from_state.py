@@ -1,4 +1,4 @@
-"""The operations that decide from the host's one state read (pvegpu/operations/state.py): state in, the
+"""The operations that decide from the host's one state read (pvegpu/operations/from_state.py): state in, the
 exact commands pyinfra's own operation would run (files: the atomic write) or the noop sentence out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pyinfra.facts.files import FileContents
 
 from pvegpu.models.guest_state import MISSING, PathState, UnitState, UserEntry
 from pvegpu.operations.files import write_file
-from pvegpu.operations.state import directory, file_content, packages, service, system_group, system_user
+from pvegpu.operations.from_state import directory, file_content, packages, service, system_group, system_user
 from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import FakeHost, run_op
 

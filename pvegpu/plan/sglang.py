@@ -10,6 +10,7 @@ profile forbids (GPU P2P features in `vm`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 
@@ -237,6 +238,12 @@ def _value_problems(name: str, option: SglangOption, values: list[str]) -> list[
         if option.choices is not None and value not in option.choices:
             choices = ", ".join(option.choices)
             problems.append(f"{name}: {shown(value)} is not a choice (choose from {choices})")
+        elif option.type == "loads":
+            # argparse calls the option's type, json.loads, on the value: a ValueError refuses the argv
+            try:
+                json.loads(value)
+            except ValueError as error:
+                problems.append(f"{name}: {shown(value)} is not JSON ({error})")
         elif not _fits_type(option.type, value):
             problems.append(f"{name}: {shown(value)} is not a valid {option.type}")
     return problems

@@ -152,6 +152,9 @@ def test_error_tp_times_pp_is_not_the_gpu_count() -> None:
         (("--watchdog-timeout", "soon"),
          "sglang.extra_args: --watchdog-timeout: 'soon' is not a valid float"),
         (("--watchdog-timeout",), "sglang.extra_args: --watchdog-timeout expects a value"),
+        (("--preferred-sampling-params", "{temperature: 0}"),
+         "sglang.extra_args: --preferred-sampling-params: '{temperature: 0}' is not JSON (Expecting property "
+         "name enclosed in double quotes: line 1 column 2 (char 1))"),
         (("--tensor-parallel-size", "8"),
          "sglang.extra_args: --tensor-parallel-size is set by sglang.tp_size"),
         (("--disable-custom-all-reduce",),
@@ -175,6 +178,7 @@ def test_check_argv_mirrors_the_parser() -> None:
         == ()
     )
     assert check_argv(("--context-length", "128k", "--kv-cache-dtype=fp8_e4m3", "--model-path", "/m")) == ()
+    assert check_argv(("--model-path", "/m", "--preferred-sampling-params", '{"temperature": 0}')) == ()
     assert check_argv(("--tp-size", "8", "stray")) == (
         "'stray' is not an option (a value with no option before it)",
         "--model-path is required",

@@ -298,6 +298,7 @@ def wheel(out: Path) -> Path:
         "torch/__init__.py": (STANDINS / "torch_standin.py").read_text(),
         "sglang/cli/options.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_options.json").read_text(),
         "sglang/cli/deprecated.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_deprecated.json").read_text(),
+        "sglang/cli/values.json": (OPTION_DATA / f"sglang_{SGLANG_VERSION}_values.json").read_text(),
         f"{dist}/METADATA": (
             f"Metadata-Version: 2.1\nName: sglang\nVersion: {WHEEL_VERSION}\n"
             "Summary: pvegpu lab STAND-IN for SGLang (argv check + tiny OpenAI-style API; no model runs)\n"

@@ -1,13 +1,15 @@
 """STAND-IN `sglang` launcher (pvegpu lab): checks `sglang serve` argv, then serves a tiny OpenAI-style API.
 
 Packaged by `lab.guest_payload` as the `sglang` command of a stand-in `sglang` wheel (version
-`<pinned>+pvegpulab`) with the pinned SGLang's option table beside it (`options.json`, `deprecated.json`:
-the same data as pvegpu/data/sglang). Runs in the guest's venv, standard library only.
+`<pinned>+pvegpulab`) with the pinned SGLang's option table beside it (`options.json`, `deprecated.json`,
+`values.json`: the same data as pvegpu/data/sglang). Runs in the guest's venv, standard library only.
 
 The argv check follows SGLang's argparse parser and pvegpu's stricter rules (`pvegpu.plan.sglang.check_argv`;
 tests/unit/lab/test_standins.py holds both to the same verdicts): unknown options, abbreviations, deprecated
 options, an option twice, missing or bad values, missing required options exit 2 with
-`sglang serve: error: <problem>` lines on stderr, like argparse. Then it serves on --host/--port:
+`sglang serve: error: <problem>` lines on stderr, like argparse (a value the option's JSON type refuses
+with argparse's own text); an unknown `--speculative-algorithm` exits 1 with SGLang's start-up `ValueError`.
+Then it serves on --host/--port:
 `GET /health` and `GET /ready` (never need the key), `GET /v1/models`, `POST /v1/chat/completions`
 (answers "STAND-IN reply to: <last user message>"), `GET /metrics` with --enable-metrics. `--config FILE`
 is merged as SGLang merges it (`merge_config`). With --api-key (or `api-key:` in the config file),
@@ -42,6 +44,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 OPTIONS, DEPRECATED = HERE / "options.json", HERE / "deprecated.json"
+VALUES = HERE / "values.json"
 _INT = re.compile(r"-?\d+")
 _HUMAN_INT = re.compile(r"\d+(\.\d+)?([kKmMgGtT]i?)?")
 UNAUTHENTICATED = ("/health", "/ready", "/metrics")
@@ -99,9 +102,48 @@ def _value_problems(name: str, option: dict[str, Any], words: list[str]) -> list
     for word in words:
         if option["choices"] is not None and word not in option["choices"]:
             problems.append(f"{name}: {word!r} is not a choice")
+        elif (problem := _json_refusal(option["type"], word)) is not None:
+            problems.append(f"argument {name}: {problem}")
         elif not _fits(option["type"], word):
             problems.append(f"{name}: {word!r} is not a valid {option['type']}")
     return problems
+
+
+def _json_refusal(type_name: str | None, word: str) -> str | None:
+    """argparse's text when the option's type refuses `word`: json.loads's ValueError becomes `invalid loads
+    value`, SGLang's json_list_type (orjson: no NaN, Infinity or number beyond a double) raises its own."""
+    try:
+        if type_name == "loads":
+            json.loads(word)
+        elif type_name == "json_list_type":
+            json.loads(word, parse_constant=_refuse, parse_float=_finite)
+    except ValueError:
+        if type_name == "loads":
+            return f"invalid loads value: {word!r}"
+        return f"Invalid JSON list: {word}. Please provide a valid JSON list."
+    return None
+
+
+def _refuse(name: str) -> float:
+    raise ValueError(name)
+
+
+def _finite(text: str) -> float:
+    if float(text) in (float("inf"), float("-inf")):
+        raise ValueError(text)
+    return float(text)
+
+
+def speculative_refusal(values: dict[str, list[str]]) -> str | None:
+    """SGLang 0.5.23's start-up refusal of an unknown `--speculative-algorithm` (`SpeculativeAlgorithm.
+    from_string`, after upper-casing), or None."""
+    words = values.get("speculative_algorithm")
+    if not words:
+        return None
+    rules = json.loads(VALUES.read_text())
+    if words[0].upper() in (*rules["speculative_algorithms"], *rules["speculative_aliases"]):
+        return None
+    return f"ValueError: Unknown speculative algorithm name: {words[0].upper()}"
 
 
 def check(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -306,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"sglang serve: error: {problem}", file=sys.stderr)
         return 2
+    if (refusal := speculative_refusal(values)) is not None:
+        print(refusal, file=sys.stderr)
+        return 1
     model_path = _one(values, "model_path", "")
     if not Path(model_path).is_dir():
         print(f"sglang serve: error: model path {model_path} is not a directory", file=sys.stderr)

@@ -250,8 +250,9 @@ class SglangSpec(BaseModel):
         default=(),
         description=(
             "More `sglang serve` arguments, full option names only (e.g. `--watchdog-timeout`, `1200`); "
-            "checked against the pinned option table (choices, types, a JSON-typed value parsed as SGLang "
-            "parses it). Refused: options set by the fields above, options "
+            "checked against the pinned option table (choices, types, a JSON value parsed as SGLang parses "
+            "it, `--cuda-graph-config`'s phases and keys, `--speculative-algorithm` among the algorithms "
+            "SGLang knows). Refused: options set by the fields above, options "
             "whose value is a secret (`--api-key`, `--admin-api-key`, `--ssl-keyfile-password`: use the "
             "`*_file` fields), `--config`, and in the `vm` profile the options that need GPU P2P."
         ),

@@ -22,7 +22,8 @@ class SglangOption:
 
     `names` are its option strings, canonical first (`--tp-size`, `--tensor-parallel-size`); `nargs` is
     argparse's (None: one value, 0: a flag, "+"/"*"/"?"); `type` argparse's type name (`int`, `float`,
-    `str`, `human_readable_int`, ...); `deprecated` the help sentence when SGLang marks it deprecated.
+    `str`, `human_readable_int`, ...); `action` argparse's action class name (`LoRAPathAction`: SGLang's
+    own parsing of each value); `deprecated` the help sentence when SGLang marks it deprecated.
     """
 
     names: tuple[str, ...]
@@ -32,15 +33,35 @@ class SglangOption:
     choices: tuple[str, ...] | None
     type: str | None
     required: bool
+    action: str
     deprecated: str | None
 
 
 @dataclass(frozen=True)
+class ValueRules:
+    """`speculative_algorithms`: the upper-case names `--speculative-algorithm` takes, aliases included;
+    `cuda_graph_config_keys`: phase -> the keys `--cuda-graph-config` allows in it;
+    `cuda_graph_retired_backends`: backends it refuses; `json_at_start`: option dest -> `loads` (json.loads)
+    or `orjson`, for string options SGLang parses as JSON when it starts."""
+
+    speculative_algorithms: tuple[str, ...]
+    cuda_graph_config_keys: dict[str, tuple[str, ...]]
+    cuda_graph_retired_backends: tuple[str, ...]
+    json_at_start: dict[str, str]
+
+
+@dataclass(frozen=True)
 class OptionTable:
-    """Every option of one SGLang version, looked up by exact option string."""
+    """Every option of one SGLang version, looked up by exact option string.
+
+    `values` are the checks SGLang makes of values its parser takes as plain strings (the data file
+    `sglang_<version>_values.json`, README there): speculative algorithms, `--cuda-graph-config` keys,
+    options parsed as JSON at start.
+    """
 
     version: str
     options: tuple[SglangOption, ...]
+    values: ValueRules
 
     def by_name(self) -> dict[str, SglangOption]:
         return {name: option for option in self.options for name in option.names}
@@ -56,6 +77,7 @@ def load_option_table(version: str = SGLANG_VERSION) -> OptionTable:
     folder = resources.files("pvegpu").joinpath("data", "sglang")
     dump = json.loads(folder.joinpath(f"sglang_{version}_options.json").read_text())
     deprecated = json.loads(folder.joinpath(f"sglang_{version}_deprecated.json").read_text())["deprecated"]
+    rules = json.loads(folder.joinpath(f"sglang_{version}_values.json").read_text())
     options = tuple(
         SglangOption(
             names=tuple(record["option_strings"]),
@@ -65,8 +87,17 @@ def load_option_table(version: str = SGLANG_VERSION) -> OptionTable:
             choices=tuple(record["choices"]) if record["choices"] is not None else None,
             type=record["type"],
             required=record["required"],
+            action=record["action"],
             deprecated=next((deprecated[n] for n in record["option_strings"] if n in deprecated), None),
         )
         for record in dump["options"]
     )
-    return OptionTable(version=dump["sglang_version"], options=options)
+    values = ValueRules(
+        speculative_algorithms=(*rules["speculative_algorithms"], *rules["speculative_aliases"]),
+        cuda_graph_config_keys={
+            phase: tuple(keys) for phase, keys in rules["cuda_graph_config_keys"].items()
+        },
+        cuda_graph_retired_backends=tuple(rules["cuda_graph_retired_backends"]),
+        json_at_start=rules["json_at_start"],
+    )
+    return OptionTable(version=dump["sglang_version"], options=options, values=values)

@@ -11,12 +11,18 @@ profile forbids (GPU P2P features in `vm`).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 
 from pvegpu.models.fields import shown
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
-from pvegpu.models.sglang_options import OptionTable, SglangOption, load_option_table
+from pvegpu.models.sglang_options import (
+    OptionTable,
+    SglangOption,
+    ValueRules,
+    load_option_table,
+)
 from pvegpu.plan.errors import PlanError
 
 # The keys never appear in the plan: SGLang reads them from this YAML file (`--config`), which the service
@@ -194,7 +200,7 @@ def check_argv(
                 problems.append(f"{name} takes no value (got {shown(inline)})")
             continue
         values, index = _values(option, argv, index, inline if has_inline else None)
-        problems.extend(_value_problems(name, option, values))
+        problems.extend(_value_problems(name, option, values, table))
     if require:
         missing = [option for option in table.options if option.required and option.dest not in seen]
         problems.extend(f"{option.names[0]} is required" for option in missing)
@@ -230,7 +236,7 @@ def _values(
     return [], index
 
 
-def _value_problems(name: str, option: SglangOption, values: list[str]) -> list[str]:
+def _value_problems(name: str, option: SglangOption, values: list[str], table: OptionTable) -> list[str]:
     if not values:
         return [] if option.nargs in ("?", "*") else [f"{name} expects a value"]
     problems = []
@@ -238,15 +244,83 @@ def _value_problems(name: str, option: SglangOption, values: list[str]) -> list[
         if option.choices is not None and value not in option.choices:
             choices = ", ".join(option.choices)
             problems.append(f"{name}: {shown(value)} is not a choice (choose from {choices})")
-        elif option.type == "loads":
-            # argparse calls the option's type, json.loads, on the value: a ValueError refuses the argv
-            try:
-                json.loads(value)
-            except ValueError as error:
-                problems.append(f"{name}: {shown(value)} is not JSON ({error})")
+        elif (problem := _parsed_value_problem(option, value, table)) is not None:
+            problems.append(f"{name}: {shown(value)} {problem}")
         elif not _fits_type(option.type, value):
             problems.append(f"{name}: {shown(value)} is not a valid {option.type}")
     return problems
+
+
+def _parsed_value_problem(option: SglangOption, value: str, table: OptionTable) -> str | None:
+    """Why SGLang refuses `value` where it parses the string itself, or None: `json.loads` for the `loads`
+    type, orjson for `json_list_type`, `--cuda-graph-config`'s phases and keys, `--lora-paths`' JSON
+    entries, the JSON options read at start, and the speculative algorithm (upper-cased, at start)."""
+    rules = table.values
+    if option.dest == "speculative_algorithm":
+        if value.upper() in rules.speculative_algorithms:
+            return None
+        known = ", ".join(sorted(rules.speculative_algorithms))
+        return f"is not a speculative algorithm of sglang {table.version} (choose from {known}, in any case)"
+    if option.type == "parse_cuda_graph_config_arg":
+        return _cuda_graph_config_problem(value, rules)
+    if option.action == "LoRAPathAction":
+        return _lora_path_problem(value.strip())
+    parser = {"loads": "loads", "json_list_type": "orjson"}.get(option.type or "")
+    parser = parser or rules.json_at_start.get(option.dest)
+    return None if parser is None else _json_error(value, strict=parser == "orjson")
+
+
+def _cuda_graph_config_problem(value: str, rules: ValueRules) -> str | None:
+    if (error := _json_error(value, strict=False)) is not None:
+        return error
+    config = json.loads(value)
+    if not isinstance(config, dict):
+        return f"is not a JSON object of phase -> settings (got {type(config).__name__})"
+    return next(filter(None, (_phase_problem(p, s, rules) for p, s in config.items())), None)
+
+
+def _phase_problem(phase: str, settings: object, rules: ValueRules) -> str | None:
+    allowed = rules.cuda_graph_config_keys.get(phase)
+    if allowed is None:
+        return f"names an unknown phase {shown(phase)} (phases: {', '.join(rules.cuda_graph_config_keys)})"
+    if not isinstance(settings, dict):
+        return f"gives phase {phase} {json.dumps(settings)}, not a JSON object of settings"
+    if (unknown := next((key for key in settings if key not in allowed), None)) is not None:
+        return f"gives phase {phase} an unknown key {shown(unknown)} (keys: {', '.join(allowed)})"
+    if settings.get("backend") in rules.cuda_graph_retired_backends:
+        return f"gives phase {phase} the retired backend {settings['backend']}"
+    return None
+
+
+def _lora_path_problem(stripped: str) -> str | None:
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return None
+    if (error := _json_error(stripped, strict=False)) is not None:
+        return error
+    missing = [key for key in ("lora_name", "lora_path") if key not in json.loads(stripped)]
+    return f"is JSON without {' and '.join(missing)}" if missing else None
+
+
+def _json_error(value: str, *, strict: bool) -> str | None:
+    try:
+        if strict:
+            json.loads(value, parse_constant=_no_constant, parse_float=_finite_float)
+        else:
+            json.loads(value)
+    except ValueError as error:
+        return f"is not JSON ({error})"
+    return None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is beyond a double")
+    return number
 
 
 def _fits_type(type_name: str | None, value: str) -> bool:

@@ -31,6 +31,8 @@ CASES = {
     "missing value": [*DEFAULT_ARGV, "--watchdog-timeout"],
     "missing required": ["--tp-size", "8"],
     "stray value": ["--model-path", "/m", "x"],
+    "bad json": [*DEFAULT_ARGV, "--preferred-sampling-params", "{temperature: 0}"],
+    "bad json list": [*DEFAULT_ARGV, "--forward-hooks", "[NaN]"],
 }
 
 
@@ -40,6 +42,7 @@ def option_table(monkeypatch: pytest.MonkeyPatch) -> None:
     data = Path(__file__).resolve().parents[3] / "pvegpu/data/sglang"
     monkeypatch.setattr(sglang_serve, "OPTIONS", data / "sglang_0.5.23_options.json")
     monkeypatch.setattr(sglang_serve, "DEPRECATED", data / "sglang_0.5.23_deprecated.json")
+    monkeypatch.setattr(sglang_serve, "VALUES", data / "sglang_0.5.23_values.json")
 
 
 @pytest.mark.parametrize("argv", CASES.values(), ids=CASES.keys())
@@ -55,6 +58,25 @@ def test_standin_exit_2_with_argparse_style_lines(capsys: pytest.CaptureFixture[
         capsys.readouterr().err
         == "sglang serve: error: --enable-ep-moe is not an option of sglang serve 0.5.23\n"
     )
+
+
+def test_standin_json_types_refused_with_argparse_texts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sglang_serve.main(["serve", *CASES["bad json"]]) == 2
+    assert sglang_serve.main(["serve", *CASES["bad json list"]]) == 2
+    assert capsys.readouterr().err == (
+        "sglang serve: error: argument --preferred-sampling-params: invalid loads value: '{temperature: 0}'\n"
+        "sglang serve: error: argument --forward-hooks: Invalid JSON list: [NaN]. Please provide a valid "
+        "JSON list.\n"
+    )
+
+
+def test_standin_refuses_an_unknown_speculative_algorithm_at_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert sglang_serve.main(["serve", *DEFAULT_ARGV, "--speculative-algorithm", "mtp"]) == 1
+    assert capsys.readouterr().err == "ValueError: Unknown speculative algorithm name: MTP\n"
+    values = {"speculative_algorithm": ["nextn"]}
+    assert sglang_serve.speculative_refusal(values) is None
 
 
 @pytest.fixture

@@ -155,6 +155,42 @@ def test_error_tp_times_pp_is_not_the_gpu_count() -> None:
         (("--preferred-sampling-params", "{temperature: 0}"),
          "sglang.extra_args: --preferred-sampling-params: '{temperature: 0}' is not JSON (Expecting property "
          "name enclosed in double quotes: line 1 column 2 (char 1))"),
+        (("--speculative-algorithm", "MTP"),
+         "sglang.extra_args: --speculative-algorithm: 'MTP' is not a speculative algorithm of sglang 0.5.23 "
+         "(choose from DFLASH, DSPARK, EAGLE, EAGLE3, FROZEN_KV_MTP, NEXTN, NGRAM, NONE, STANDALONE, UNO, "
+         "in any case)"),
+        (("--forward-hooks", "[NaN]"),
+         "sglang.extra_args: --forward-hooks: '[NaN]' is not JSON (NaN is not a JSON value)"),
+        (("--sidecar-args", "[1e400]"),
+         "sglang.extra_args: --sidecar-args: '[1e400]' is not JSON (1e400 is beyond a double)"),
+        (("--sidecar-args", "[1,]"),
+         "sglang.extra_args: --sidecar-args: '[1,]' is not JSON (Expecting value: line 1 column 4 (char 3))"),
+        (("--lora-paths", "plain", ' {"lora_name": "a"} '),
+         "sglang.extra_args: --lora-paths: ' {\"lora_name\": \"a\"} ' is JSON without lora_path"),
+        (("--lora-paths", "{a}"),
+         "sglang.extra_args: --lora-paths: '{a}' is not JSON (Expecting property name enclosed in double "
+         "quotes: line 1 column 2 (char 1))"),
+        (("--cuda-graph-config", "[1]"),
+         "sglang.extra_args: --cuda-graph-config: '[1]' is not a JSON object of phase -> settings "
+         "(got list)"),
+        (("--cuda-graph-config", '{"verify": {}}'),
+         "sglang.extra_args: --cuda-graph-config: '{\"verify\": {}}' names an unknown phase 'verify' "
+         "(phases: decode, prefill)"),
+        (("--cuda-graph-config", '{"decode": 8}'),
+         "sglang.extra_args: --cuda-graph-config: '{\"decode\": 8}' gives phase decode 8, not a JSON object "
+         "of settings"),
+        (("--cuda-graph-config", '{"decode": {"max_seq_len": 8}}'),
+         "sglang.extra_args: --cuda-graph-config: '{\"decode\": {\"max_seq_len\": 8}}' gives phase decode an "
+         "unknown key 'max_seq_len' (keys: backend, max_bs, bs)"),
+        (("--cuda-graph-config", '{"prefill": {"backend": "tc_piecewise"}}'),
+         "sglang.extra_args: --cuda-graph-config: '{\"prefill\": {\"backend\": \"tc_piecewise\"}}' gives "
+         "phase prefill the retired backend tc_piecewise"),
+        (("--json-model-override-args", "{index_topk: 1}"),
+         "sglang.extra_args: --json-model-override-args: '{index_topk: 1}' is not JSON (Expecting property "
+         "name enclosed in double quotes: line 1 column 2 (char 1))"),
+        (("--model-loader-extra-config", '{"threads": Infinity}'),
+         "sglang.extra_args: --model-loader-extra-config: '{\"threads\": Infinity}' is not JSON (Infinity "
+         "is not a JSON value)"),
         (("--tensor-parallel-size", "8"),
          "sglang.extra_args: --tensor-parallel-size is set by sglang.tp_size"),
         (("--disable-custom-all-reduce",),
@@ -179,6 +215,20 @@ def test_check_argv_mirrors_the_parser() -> None:
     )
     assert check_argv(("--context-length", "128k", "--kv-cache-dtype=fp8_e4m3", "--model-path", "/m")) == ()
     assert check_argv(("--model-path", "/m", "--preferred-sampling-params", '{"temperature": 0}')) == ()
+    # SGLang upper-cases the algorithm and reads NEXTN as EAGLE; json_list_type takes any JSON, a list or not
+    assert (
+        check_argv(("--model-path", "/m", "--speculative-algorithm", "nextn", "--forward-hooks", "{}")) == ()
+    )
+    lora = ("--model-path", "/m", "--lora-paths", "a=/x", '{"lora_name": "b", "lora_path": "/y"}')
+    assert check_argv(lora) == ()
+    graphs = '{"decode": {"max_bs": 64}, "prefill": {"backend": "breakable", "max_seq_len": 4096}}'
+    loader = '{"enable_multithread_load": true, "num_threads": 8}'
+    assert (
+        check_argv(
+            ("--model-path", "/m", "--cuda-graph-config", graphs, "--model-loader-extra-config", loader)
+        )
+        == ()
+    )
     assert check_argv(("--tp-size", "8", "stray")) == (
         "'stray' is not an option (a value with no option before it)",
         "--model-path is required",

@@ -26,7 +26,7 @@ from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.nccl import has_infiniband, plan_nccl
+from pvegpu.plan.nccl import conf_file_problems, has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
 from pvegpu.plan.p2p import guest_uses_p2p
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
@@ -41,7 +41,7 @@ from pvegpu.plan.sglang_service import (
     key_file_problems,
     probe_target,
 )
-from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, node_p2p, sglang_home, state_of
+from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, nccl_conf_files, node_p2p, sglang_home, state_of
 from pvegpu.run.plan import node_host_of, plan_failures, plan_of
 
 _P2P_NOTE = (
@@ -73,9 +73,13 @@ def sglang() -> None:
             p2p=node.profile == "vm" and _guest_p2p(),
         )
         argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
+        state = state_of(host)
         problems = (
             *profile_problems(node.profile, spec),
-            *key_file_problems(spec, dict(state_of(host).secrets)),
+            *key_file_problems(spec, dict(state.secrets)),
+            *conf_file_problems(
+                node.profile, nccl, nccl_conf_files(state, spec.user) if node.profile == "vm" else {}
+            ),
         )
         if problems:
             # Before any operation: a bad key never stops (nor restarts) a running service.

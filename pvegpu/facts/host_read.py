@@ -18,7 +18,8 @@
     initramfs only when requested: the names of the /boot/initrd.img-* images not newer than the requested
               file (the nouveau blacklist: mkinitramfs copies /etc/modprobe.d, update-initramfs renames the
               new image into place, so an older image lacks it)
-    records   only when some are requested: per small file pvegpu writes (the P2P probe's record),
+    records   only when some are requested: per small file read whole (the P2P probe's record; in a VM,
+              the NCCL conf files),
               `<base64 of its content>\t<path>`, or `missing\t<path>` (not a regular file)
     probe     only when requested: SGLang's readiness probe (`pvegpu.facts.sglang.probe_command`), run in
               the background from the start of the command, so its HTTP calls overlap the other parts;

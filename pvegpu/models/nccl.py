@@ -66,3 +66,18 @@ def summarize(records: Sequence[ChannelTransport]) -> tuple[PairTransport, ...]:
         )
         for (src, dst), group in sorted(pairs.items())
     )
+
+
+# NCCL fills the variables its environment leaves unset from these files, NCCL_CONF_FILE (else the user's
+# `~/.nccl.conf`) first, then `/etc/nccl.conf` (src/misc/param.cc `initEnvFunc`, `setenv(name, value, 0)`).
+SYSTEM_CONF = "/etc/nccl.conf"
+USER_CONF_NAME = ".nccl.conf"
+
+
+@dataclass(frozen=True)
+class ConfSetting:
+    """One `NAME=value` line of an NCCL conf file as NCCL reads it; `line` is its 1-based number."""
+
+    line: int
+    name: str
+    value: str

@@ -261,7 +261,8 @@ class SglangSpec(BaseModel):
         default={},
         description=(
             "Environment for the service (`NCCL_*`, `SGLANG_*`, ...); overrides pvegpu's NCCL plan and is "
-            "shown in the env file. P2P-forcing variables are refused in the `vm` profile."
+            "shown in the env file. P2P-forcing variables and `NCCL_CONF_FILE` are refused in the `vm` "
+            "profile."
         ),
     )
 

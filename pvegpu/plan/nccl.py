@@ -22,11 +22,12 @@ Operator overrides (`SglangSpec.env`) replace or add variables; each says so in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from pvegpu.models.hardware import HostHardware
+from pvegpu.models.nccl import ConfSetting
 from pvegpu.models.sglang import SGLANG_KEY
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.topology import Topology
@@ -48,7 +49,17 @@ VM_REFUSED = {
     "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": (
         "the PCIe-IPC all-reduce needs CUDA P2P, which the VM does not support"
     ),
+    "NCCL_CONF_FILE": (
+        "NCCL fills every variable the environment leaves unset from that file, "
+        "so it could set what the vm profile refuses"
+    ),
 }
+
+# What a conf file can set of them: NCCL's own variables (it sets them into its process's C environment,
+# after SGLang read its own), NCCL_CONF_FILE aside (read from the environment before any file).
+_CONF_REFUSED = frozenset(
+    name for name in VM_REFUSED if name.startswith("NCCL_") and name != "NCCL_CONF_FILE"
+)
 
 P2P_CHECK_PROVEN = (
     "P2P between the VM's GPUs is on (vm.p2p, experimental): SGLang checks each pair again before its "
@@ -177,6 +188,28 @@ def plan_nccl(
             reason += f", replacing the planned {before.value} ({before.reason})"
         put(name, value, reason)
     return NcclPlan(env=tuple(planned[name] for name in sorted(planned)), flags=flags)
+
+
+def conf_file_problems(
+    profile: Profile, plan: NcclPlan, files: Mapping[str, Sequence[ConfSetting] | None]
+) -> tuple[str, ...]:
+    """`<file>:<line>: <NAME> is refused in the vm profile: <reason> (...)` for each setting of an NCCL conf
+    file (`files`: path -> its settings, None when absent) that NCCL would apply in a `vm` guest: a
+    variable `VM_REFUSED` names that the service's environment (`plan`) leaves unset. () otherwise."""
+    if profile != "vm":
+        return ()
+    planned = {setting.name for setting in plan.env}
+    problems = []
+    for path, settings in files.items():
+        for setting in settings or ():
+            name = setting.name
+            if name in _CONF_REFUSED and name not in planned:
+                problems.append(
+                    f"{path}:{setting.line}: {name} is refused in the vm profile: {VM_REFUSED[name]} "
+                    "(NCCL reads this file for every variable the service's environment leaves unset; "
+                    "remove the line)"
+                )
+    return tuple(problems)
 
 
 def _p2p_level(topology: Topology) -> tuple[str, str]:

@@ -19,8 +19,10 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from pvegpu.facts.host_read import HostRead, HostState, StateRequest
+from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.facts.serving_read import ServingRead
 from pvegpu.models.groups import PVE_NODES
+from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
 from pvegpu.models.specs import HostSpecs, host_specs
 from pvegpu.plan.driver import (
@@ -51,6 +53,19 @@ _STATES: WeakKeyDictionary[State, dict[str, tuple[int, HostState]]] = WeakKeyDic
 def sglang_home(user: str) -> str:
     """The SGLang system user's home."""
     return f"/var/lib/{user}"
+
+
+def nccl_conf_paths(user: str) -> tuple[str, ...]:
+    """The NCCL conf files the SGLang service's NCCL reads: its user's `~/.nccl.conf`, `/etc/nccl.conf`."""
+    return (f"{sglang_home(user)}/{USER_CONF_NAME}", SYSTEM_CONF)
+
+
+def nccl_conf_files(state: HostState, user: str) -> dict[str, tuple[ConfSetting, ...] | None]:
+    """Each of `nccl_conf_paths(user)` as NCCL reads it (None: absent), from a read that requested them."""
+    return {
+        path: None if (text := state.records[path]) is None else parse_nccl_conf(text)
+        for path in nccl_conf_paths(user)
+    }
 
 
 def node_p2p(target: Host) -> P2pMode | None:
@@ -115,8 +130,11 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         ENV_FILE,
         UNIT_FILE,
     ]
+    # In a VM, NCCL's conf files could set what the profile refuses (pvegpu.plan.nccl.conf_file_problems).
+    conf_files = nccl_conf_paths(spec.user) if specs.node.profile == "vm" else ()
     return replace(
         request,
+        records=(*request.records, *conf_files),
         paths=tuple(dict.fromkeys(paths)),
         units=(*request.units, SERVICE),
         users=(spec.user,),

@@ -13,10 +13,11 @@ import pytest
 
 from lab.fakesys import write_tree
 from pvegpu.facts.hardware import read_hardware_locally
+from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.models.hardware import HostHardware, PciFunction
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.nccl import EnvSetting, FlagSetting, has_infiniband, plan_nccl
+from pvegpu.plan.nccl import EnvSetting, FlagSetting, conf_file_problems, has_infiniband, plan_nccl
 from pvegpu.plan.sglang import plan_sglang_argv
 from pvegpu.plan.topology import Topology, plan_vendor_topology
 
@@ -136,10 +137,13 @@ def test_error_vm_refuses_p2p_forcing_overrides() -> None:
         "NCCL_P2P_LEVEL": "SYS",
         "NCCL_IGNORE_DISABLED_P2P": "2",
         "NCCL_PROTO": "LL",
+        "NCCL_CONF_FILE": "/srv/nccl.conf",
     }
     with pytest.raises(PlanError) as caught:
         plan_nccl("vm", None, infiniband=False, overrides=overrides)
     assert str(caught.value).splitlines() == [
+        "sglang.env.NCCL_CONF_FILE: refused in the vm profile: NCCL fills every variable the environment "
+        "leaves unset from that file, so it could set what the vm profile refuses",
         "sglang.env.NCCL_IGNORE_DISABLED_P2P: refused in the vm profile: it makes NCCL skip or hide its P2P "
         "check; forced P2P in a VM hangs or corrupts data (NVIDIA/nccl #2335)",
         "sglang.env.NCCL_P2P_LEVEL: refused in the vm profile: it lets NCCL try P2P, "
@@ -197,3 +201,26 @@ def test_vm_flags_pass_the_sglang_option_table() -> None:
     )
     argv = plan_sglang_argv(SglangSpec(), 8, plan.argv)
     assert argv[-3:] == ("--enable-metrics", "--enable-p2p-check", "--disable-custom-all-reduce")
+
+
+def test_error_vm_refuses_a_conf_file_line_nccl_would_apply() -> None:
+    etc = parse_nccl_conf("# site\nNCCL_SOCKET_IFNAME=eth0\nNCCL_P2P_LEVEL=SYS\nNCCL_SHM_DISABLE = 1\n")
+    home = parse_nccl_conf(
+        "NCCL_IGNORE_DISABLED_P2P=1\nNCCL_CONF_FILE=/x\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1"
+    )
+    files = {"/var/lib/sglang/.nccl.conf": home, "/etc/nccl.conf": etc}
+    plan = plan_nccl("vm", None, infiniband=False)
+    assert conf_file_problems("vm", plan, files) == (
+        "/var/lib/sglang/.nccl.conf:1: NCCL_IGNORE_DISABLED_P2P is refused in the vm profile: it makes NCCL "
+        "skip or hide its P2P check; forced P2P in a VM hangs or corrupts data (NVIDIA/nccl #2335) (NCCL "
+        "reads this file for every variable the service's environment leaves unset; remove the line)",
+        "/etc/nccl.conf:3: NCCL_P2P_LEVEL is refused in the vm profile: it lets NCCL try P2P, which "
+        "passed-through GPUs do not support (NCCL reads this file for every variable the service's "
+        "environment leaves unset; remove the line)",
+    )  # `NCCL_SHM_DISABLE = 1` names `NCCL_SHM_DISABLE ` to NCCL; the last two are not NCCL's to set
+
+
+def test_a_conf_file_line_the_environment_sets_is_moot() -> None:
+    files = {"/etc/nccl.conf": parse_nccl_conf("NCCL_P2P_LEVEL=NVL\n"), "/var/lib/sglang/.nccl.conf": None}
+    assert conf_file_problems("vm", plan_nccl("vm", None, infiniband=False, p2p=True), files) == ()
+    assert conf_file_problems("baremetal", plan_nccl("vm", None, infiniband=False), files) == ()

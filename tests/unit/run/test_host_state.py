@@ -29,12 +29,16 @@ def serving_plan(group: str, profile: str) -> NodePlan:
 
 def test_the_p2p_record_is_read_only_when_vm_p2p_is_not_off() -> None:
     guest = serving_plan(VM_GUESTS, "vm")
+    conf = ("/var/lib/sglang/.nccl.conf", "/etc/nccl.conf")  # NCCL's conf files, read in a VM only
     assert [state_request(guest, mode).records for mode in (None, "off", "probe", "on")] == [
-        (),
-        (),
-        ("/var/lib/pvegpu/p2p-probe.json",),
-        ("/var/lib/pvegpu/p2p-probe.json",),
+        conf,
+        conf,
+        ("/var/lib/pvegpu/p2p-probe.json", *conf),
+        ("/var/lib/pvegpu/p2p-probe.json", *conf),
     ]
+    assert state_request(serving_plan(LXC_GUESTS, "lxc"), "probe").records == (
+        "/var/lib/pvegpu/p2p-probe.json",
+    )
 
 
 def test_initramfs_images_are_checked_where_the_driver_blacklists_nouveau() -> None:

@@ -22,7 +22,8 @@ Operator overrides (`SglangSpec.env`) replace or add variables; each says so in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -149,12 +150,21 @@ def plan_nccl(
             for name in sorted(overrides)
             if name in VM_REFUSED
         ]
+        disable = overrides.get("NCCL_P2P_DISABLE")
+        if not p2p and disable is not None and _strtol(disable) != 1:
+            refused.append(
+                f"{SGLANG_KEY}.env.NCCL_P2P_DISABLE: refused in the vm profile: {disable!r} is not 1 to "
+                "NCCL, so it lets NCCL try P2P, which the VM's probe has not proven (vm.p2p)"
+            )
         if refused:
+            refused.sort()
             raise PlanError("\n".join(refused))
         if p2p:
             flags = (FlagSetting("--enable-p2p-check", P2P_CHECK_PROVEN),)
             put("NCCL_P2P_LEVEL", "SYS", P2P_LEVEL_PROVEN)
+            _put_p2p_profile(put)
         else:
+            _put_shm_profile(put)
             flags = (
                 FlagSetting(
                     "--enable-p2p-check",
@@ -171,6 +181,7 @@ def plan_nccl(
         if topology is None or not topology.gpus:
             raise PlanError(f"{SGLANG_KEY}: the {profile} profile needs the host's GPUs for NCCL_P2P_LEVEL")
         put("NCCL_P2P_LEVEL", *_p2p_level(topology))
+        _put_p2p_profile(put)
     if topo_file is not None:
         put(
             "NCCL_TOPO_FILE",
@@ -188,6 +199,55 @@ def plan_nccl(
             reason += f", replacing the planned {before.value} ({before.reason})"
         put(name, value, reason)
     return NcclPlan(env=tuple(planned[name] for name in sorted(planned)), flags=flags)
+
+
+def _put_p2p_profile(put: Callable[[str, str, str], None]) -> None:
+    """The reference box's NCCL settings where its GPUs have P2P (../knowledge: serving recipe)."""
+    put(
+        "NCCL_MIN_NCHANNELS",
+        "8",
+        "8 channels: the reference box's 8-GPU all-reduce reached 37.6-41 GB/s (22 by default)",
+    )
+    put(
+        "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
+        "1",
+        "allocate LL buffers for P2P connections too, as the reference box's recipe does (NCCL's default 0)",
+    )
+
+
+def _put_shm_profile(put: Callable[[str, str, str], None]) -> None:
+    """The VM's shared-memory path: P2P off for certain, tuned for throughput at high concurrency."""
+    put(
+        "NCCL_P2P_DISABLE",
+        "1",
+        "P2P between the VM's GPUs is not proven (vm.p2p); without this NCCL's AMD rule lets 2-GPU groups "
+        "(TP4+PP2's pipeline pairs) try it",
+    )
+    shm = "the SHM path's throughput at high concurrency (experimental until measured on this box)"
+    put("NCCL_MIN_NCHANNELS", "32", f"32 channels over shared memory: {shm}")
+    put("NCCL_BUFFSIZE", str(8 << 20), f"8 MiB buffers per channel (NCCL's default 4 MiB): {shm}")
+    put(
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "64",
+        f"64 CUDA work queues (CUDA's default 8) so NCCL's kernels overlap: {shm}",
+    )
+
+
+def _strtol(text: str) -> int:
+    """C's `strtol(text, NULL, 0)` as NCCL reads NCCL_P2P_DISABLE: leading space, a sign, 0x hex, 0 octal,
+    digits up to the first that does not fit; 0 where none does."""
+    match = re.match(r"\s*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    if match is None:
+        return 0
+    sign, digits = match.groups()
+    value = (
+        int(digits, 16)
+        if digits[:2].lower() == "0x"
+        else int(digits, 8)
+        if digits.startswith("0")
+        else int(digits)
+    )
+    return -value if sign == "-" else value
 
 
 def conf_file_problems(

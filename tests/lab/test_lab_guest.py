@@ -120,7 +120,14 @@ def test_vm_env_file_never_enables_p2p_and_says_why(
         "NCCL uses shared memory and nothing here enables P2P"
     )
     settings = [line for line in env if not line.startswith("#")]
-    assert settings == ["NCCL_DEBUG=INFO", "NCCL_IB_DISABLE=1"]
+    assert settings == [
+        "CUDA_DEVICE_MAX_CONNECTIONS=64",
+        "NCCL_BUFFSIZE=8388608",
+        "NCCL_DEBUG=INFO",
+        "NCCL_IB_DISABLE=1",
+        "NCCL_MIN_NCHANNELS=32",
+        "NCCL_P2P_DISABLE=1",
+    ]
     assert not any(
         "P2P_LEVEL" in line or "IGNORE_DISABLED_P2P" in line or "SHM_DISABLE" in line for line in env
     )

@@ -160,7 +160,7 @@ def test_vm_p2p_probe_hang_success_slower_checksum(
     assert paths(node) == box.whole()  # no clique yet: every function of each card
     lab_ssh(node, f"pvesh set /nodes/{pve_name}/qemu/100/config --args '{OPERATOR} {mmio}'")
     box.site()
-    assert serving_plan(box.guest) == ("", SHM_FLAGS)
+    assert serving_plan(box.guest) == ("NCCL_P2P_DISABLE=1", SHM_FLAGS)
     _clique_set(box)
     _hang(box)
     guest_file(box.guest, RECORD).unlink()
@@ -201,7 +201,7 @@ def _hang(box: Box) -> None:
     record = json.loads(guest_file(box.guest, RECORD).read_text())
     assert (record["mode"], record["verdict"], record["failures"]) == ("probe", "shm", [hang])
     box.site()  # the restarted guest provisioned again
-    assert serving_plan(box.guest) == ("", SHM_FLAGS)
+    assert serving_plan(box.guest) == ("NCCL_P2P_DISABLE=1", SHM_FLAGS)
     again, _ = box.vm()
     assert set(again.values()) == {"no_change"}
     assert box.args() == box.mmio
@@ -242,7 +242,7 @@ def _checksum(box: Box) -> None:
     assert "P2P probe failed: GPU 2 <-> GPU 5: checksum mismatch copying 2->5; NCCL plan SHM" in lines
     assert box.args() == box.mmio
     box.site()
-    assert serving_plan(box.guest) == ("", SHM_FLAGS)
+    assert serving_plan(box.guest) == ("NCCL_P2P_DISABLE=1", SHM_FLAGS)
 
 
 PENDING = "Create and start the Q35 VM | Apply the VM's pending changes (a cold restart)"

@@ -89,8 +89,14 @@ SERVING = {
     "driver": LAB_DRIVER,
     "sglang": {"pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR], "start_timeout_s": 60},
 }
-# The reference box's GPUs span two NUMA nodes: the host-driver profiles let NCCL use P2P across them.
-P2P_SETTINGS = ["NCCL_DEBUG=INFO", "NCCL_P2P_LEVEL=SYS"]
+# The reference box's GPUs span two NUMA nodes: the host-driver profiles let NCCL use P2P across them, with
+# the reference box's P2P settings (8 channels, LL buffers for P2P).
+P2P_SETTINGS = [
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1",
+    "NCCL_DEBUG=INFO",
+    "NCCL_MIN_NCHANNELS=8",
+    "NCCL_P2P_LEVEL=SYS",
+]
 NODES_OF_8 = (
     *(f"/dev/nvidia{n} character special file c3:{n:x}" for n in range(8)),
     "/dev/nvidia-modeset character special file c3:fe",

@@ -171,6 +171,9 @@ def test_exec_start_with_key_passes_only_the_config_path() -> None:
     assert exec_start_pre(SglangSpec()) is None
 
 
+SHM = "the SHM path's throughput at high concurrency (experimental until measured on this box)"
+
+
 def test_env_file_vm_and_baremetal_say_why() -> None:
     vm = plan_nccl("vm", None, infiniband=False)
     text = render("sglang/sglang.env.j2", profile="vm", profile_note="no P2P here", lines=vm.env_file_lines())
@@ -178,10 +181,19 @@ def test_env_file_vm_and_baremetal_say_why() -> None:
         "# Managed by pvegpu (role sglang): the environment of sglang.service. "
         "Each setting says why it is set.\n"
         "# Profile vm: no P2P here\n"
+        f"# 64 CUDA work queues (CUDA's default 8) so NCCL's kernels overlap: {SHM}\n"
+        "CUDA_DEVICE_MAX_CONNECTIONS=64\n"
+        f"# 8 MiB buffers per channel (NCCL's default 4 MiB): {SHM}\n"
+        "NCCL_BUFFSIZE=8388608\n"
         "# log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it\n"
         "NCCL_DEBUG=INFO\n"
         "# no InfiniBand/RoCE adapter: skip NCCL's IB probe, use sockets between nodes\n"
         "NCCL_IB_DISABLE=1\n"
+        f"# 32 channels over shared memory: {SHM}\n"
+        "NCCL_MIN_NCHANNELS=32\n"
+        "# P2P between the VM's GPUs is not proven (vm.p2p); without this NCCL's AMD rule lets 2-GPU groups "
+        "(TP4+PP2's pipeline pairs) try it\n"
+        "NCCL_P2P_DISABLE=1\n"
         "# sglang --enable-p2p-check: P2P is not supported between passed-through GPUs; without the check "
         "SGLang assumes it works\n"
         "# sglang --disable-custom-all-reduce: SGLang's custom all-reduce needs P2P, which the VM lacks; "

@@ -24,6 +24,26 @@ from pvegpu.plan.topology import Topology, plan_vendor_topology
 PXB = "NCCL's default (PXB) would fall back to SHM between root complexes"
 DEBUG = "# log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it"
 NO_IB = "# no InfiniBand/RoCE adapter: skip NCCL's IB probe, use sockets between nodes"
+SHM = "the SHM path's throughput at high concurrency (experimental until measured on this box)"
+SHM_CONNECTIONS = (
+    f"# 64 CUDA work queues (CUDA's default 8) so NCCL's kernels overlap: {SHM}",
+    "CUDA_DEVICE_MAX_CONNECTIONS=64",
+)
+SHM_BUFFERS = (f"# 8 MiB buffers per channel (NCCL's default 4 MiB): {SHM}", "NCCL_BUFFSIZE=8388608")
+SHM_CHANNELS = (f"# 32 channels over shared memory: {SHM}", "NCCL_MIN_NCHANNELS=32")
+P2P_OFF = (
+    "# P2P between the VM's GPUs is not proven (vm.p2p); without this NCCL's AMD rule lets 2-GPU groups "
+    "(TP4+PP2's pipeline pairs) try it",
+    "NCCL_P2P_DISABLE=1",
+)
+P2P_LL = (
+    "# allocate LL buffers for P2P connections too, as the reference box's recipe does (NCCL's default 0)",
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1",
+)
+P2P_CHANNELS = (
+    "# 8 channels: the reference box's 8-GPU all-reduce reached 37.6-41 GB/s (22 by default)",
+    "NCCL_MIN_NCHANNELS=8",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +64,14 @@ def test_create_vm_shm_only_flags_and_reasons() -> None:
     plan = plan_nccl("vm", None, infiniband=False)
     assert plan.argv == ("--enable-p2p-check", "--disable-custom-all-reduce")
     assert plan.env_file_lines() == (
+        *SHM_CONNECTIONS,
+        *SHM_BUFFERS,
         DEBUG,
         "NCCL_DEBUG=INFO",
         NO_IB,
         "NCCL_IB_DISABLE=1",
+        *SHM_CHANNELS,
+        *P2P_OFF,
         "# sglang --enable-p2p-check: P2P is not supported between passed-through GPUs; "
         "without the check SGLang assumes it works",
         "# sglang --disable-custom-all-reduce: SGLang's custom all-reduce needs P2P, which the VM lacks; "
@@ -57,12 +81,18 @@ def test_create_vm_shm_only_flags_and_reasons() -> None:
 
 def test_vm_env_never_enables_p2p(reference: tuple[HostHardware, Topology]) -> None:
     plan = plan_nccl("vm", reference[1], infiniband=True)
-    assert [setting.name for setting in plan.env] == ["NCCL_DEBUG"]
+    assert [(setting.name, setting.value) for setting in plan.env] == [
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "64"),
+        ("NCCL_BUFFSIZE", "8388608"),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_MIN_NCHANNELS", "32"),
+        ("NCCL_P2P_DISABLE", "1"),
+    ]
 
 
 def test_vm_guest_topology_file_is_pointed_at() -> None:
     plan = plan_nccl("vm", None, infiniband=True, topo_file="/etc/pvegpu/nccl-topo.xml")
-    assert plan.env_file_lines()[2:4] == (
+    assert plan.env_file_lines()[10:12] == (
         "# the GPUs' host NUMA nodes and PCIe links, which the VM hides (experimental until measured)",
         "NCCL_TOPO_FILE=/etc/pvegpu/nccl-topo.xml",
     )
@@ -75,8 +105,10 @@ def test_create_baremetal_two_sockets_sys(reference: tuple[HostHardware, Topolog
     plan = plan_nccl("baremetal", topology, infiniband=has_infiniband(hardware))
     assert plan.flags == ()
     assert plan.env_file_lines() == (
+        *P2P_LL,
         DEBUG,
         "NCCL_DEBUG=INFO",
+        *P2P_CHANNELS,
         f"# GPUs on NUMA nodes 0, 1: allow P2P across the CPU interconnect ({PXB})",
         "NCCL_P2P_LEVEL=SYS",
     )
@@ -96,7 +128,13 @@ def test_create_lxc_level_from_numa_nodes(
 ) -> None:
     plan = plan_nccl("lxc", on_numa(reference[1], *nodes), infiniband=False)
     assert plan.env[-1] == EnvSetting("NCCL_P2P_LEVEL", level, reason)
-    assert [setting.name for setting in plan.env] == ["NCCL_DEBUG", "NCCL_IB_DISABLE", "NCCL_P2P_LEVEL"]
+    assert [setting.name for setting in plan.env] == [
+        "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
+        "NCCL_DEBUG",
+        "NCCL_IB_DISABLE",
+        "NCCL_MIN_NCHANNELS",
+        "NCCL_P2P_LEVEL",
+    ]
 
 
 def test_update_operator_overrides_are_shown(reference: tuple[HostHardware, Topology]) -> None:
@@ -104,16 +142,18 @@ def test_update_operator_overrides_are_shown(reference: tuple[HostHardware, Topo
         "baremetal",
         reference[1],
         infiniband=False,
-        overrides={"NCCL_P2P_LEVEL": "PHB", "NCCL_MIN_NCHANNELS": "8", "NCCL_DEBUG": "WARN"},
+        overrides={"NCCL_P2P_LEVEL": "PHB", "NCCL_MIN_NCHANNELS": "16", "NCCL_DEBUG": "WARN"},
     )
     assert plan.env_file_lines() == (
+        *P2P_LL,
         "# set by the operator (sglang.env), replacing the planned INFO "
         "(log each channel's transport (P2P, SHM, NET) so pvegpu's doctor can check it)",
         "NCCL_DEBUG=WARN",
         NO_IB,
         "NCCL_IB_DISABLE=1",
-        "# set by the operator (sglang.env)",
-        "NCCL_MIN_NCHANNELS=8",
+        "# set by the operator (sglang.env), replacing the planned 8 (8 channels: the reference box's 8-GPU "
+        "all-reduce reached 37.6-41 GB/s (22 by default))",
+        "NCCL_MIN_NCHANNELS=16",
         "# set by the operator (sglang.env), replacing the planned SYS "
         f"(GPUs on NUMA nodes 0, 1: allow P2P across the CPU interconnect ({PXB}))",
         "NCCL_P2P_LEVEL=PHB",
@@ -121,13 +161,29 @@ def test_update_operator_overrides_are_shown(reference: tuple[HostHardware, Topo
 
 
 def test_vm_allows_overrides_that_keep_p2p_off() -> None:
-    plan = plan_nccl("vm", None, infiniband=False, overrides={"NCCL_P2P_DISABLE": "1", "NCCL_PROTO": "LL"})
+    plan = plan_nccl("vm", None, infiniband=False, overrides={"NCCL_P2P_DISABLE": "0x1", "NCCL_PROTO": "LL"})
     assert [(s.name, s.value) for s in plan.env] == [
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "64"),
+        ("NCCL_BUFFSIZE", "8388608"),
         ("NCCL_DEBUG", "INFO"),
         ("NCCL_IB_DISABLE", "1"),
-        ("NCCL_P2P_DISABLE", "1"),
+        ("NCCL_MIN_NCHANNELS", "32"),
+        ("NCCL_P2P_DISABLE", "0x1"),  # strtol reads 1
         ("NCCL_PROTO", "LL"),
     ]
+
+
+@pytest.mark.parametrize("value", ["0", "2", "", "yes", "08"])
+def test_error_vm_refuses_a_p2p_disable_nccl_does_not_read_as_1(value: str) -> None:
+    with pytest.raises(PlanError) as caught:
+        plan_nccl("vm", None, infiniband=False, overrides={"NCCL_P2P_DISABLE": value})
+    assert str(caught.value) == (
+        f"sglang.env.NCCL_P2P_DISABLE: refused in the vm profile: {value!r} is not 1 to NCCL, so it lets "
+        "NCCL try P2P, which the VM's probe has not proven (vm.p2p)"
+    )
+    # once the probe proved P2P, the operator may turn it off again
+    proven = plan_nccl("vm", None, infiniband=False, p2p=True, overrides={"NCCL_P2P_DISABLE": value})
+    assert ("NCCL_P2P_DISABLE", value) in [(s.name, s.value) for s in proven.env]
 
 
 def test_error_vm_refuses_p2p_forcing_overrides() -> None:

@@ -77,9 +77,7 @@ def sglang() -> None:
         problems = (
             *profile_problems(node.profile, spec),
             *key_file_problems(spec, dict(state.secrets)),
-            *conf_file_problems(
-                node.profile, nccl, nccl_conf_files(state, spec.user) if node.profile == "vm" else {}
-            ),
+            *conf_file_problems(node.profile, nccl, nccl_conf_files(state, plan.specs)),
         )
         if problems:
             # Before any operation: a bad key never stops (nor restarts) a running service.

@@ -33,6 +33,7 @@ import importlib
 import json
 import logging
 import logging.config
+import math
 import os
 import re
 import sys
@@ -129,9 +130,9 @@ def _refuse(name: str) -> float:
 
 
 def _finite(text: str) -> float:
-    if float(text) in (float("inf"), float("-inf")):
+    if not math.isfinite(number := float(text)):
         raise ValueError(text)
-    return float(text)
+    return number
 
 
 def speculative_refusal(values: dict[str, list[str]]) -> str | None:

@@ -386,8 +386,11 @@ def _records(lines: list[tuple[int, str]]) -> dict[str, str | None]:
         if not tab or not path.startswith("/"):
             raise _fail(number, line, "a record line")
         try:
-            records[path] = None if head == "missing" else b64decode(head, validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
+            # surrogateescape: a record may be a file pvegpu does not write (NCCL's conf files), in any bytes
+            records[path] = (
+                None if head == "missing" else b64decode(head, validate=True).decode(errors="surrogateescape")
+            )
+        except binascii.Error:
             raise _fail(number, line, "a record line") from None
     return records
 

@@ -240,14 +240,8 @@ def _strtol(text: str) -> int:
     if match is None:
         return 0
     sign, digits = match.groups()
-    value = (
-        int(digits, 16)
-        if digits[:2].lower() == "0x"
-        else int(digits, 8)
-        if digits.startswith("0")
-        else int(digits)
-    )
-    return -value if sign == "-" else value
+    base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") else 10
+    return int(f"{sign}{digits}", base)
 
 
 def conf_file_problems(

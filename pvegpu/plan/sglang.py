@@ -14,6 +14,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from pvegpu.models.fields import shown
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
@@ -267,13 +268,13 @@ def _parsed_value_problem(option: SglangOption, value: str, table: OptionTable) 
         return _lora_path_problem(value.strip())
     parser = {"loads": "loads", "json_list_type": "orjson"}.get(option.type or "")
     parser = parser or rules.json_at_start.get(option.dest)
-    return None if parser is None else _json_error(value, strict=parser == "orjson")
+    return None if parser is None else _loaded(value, strict=parser == "orjson")[1]
 
 
 def _cuda_graph_config_problem(value: str, rules: ValueRules) -> str | None:
-    if (error := _json_error(value, strict=False)) is not None:
+    config, error = _loaded(value, strict=False)
+    if error is not None:
         return error
-    config = json.loads(value)
     if not isinstance(config, dict):
         return f"is not a JSON object of phase -> settings (got {type(config).__name__})"
     return next(filter(None, (_phase_problem(p, s, rules) for p, s in config.items())), None)
@@ -295,21 +296,22 @@ def _phase_problem(phase: str, settings: object, rules: ValueRules) -> str | Non
 def _lora_path_problem(stripped: str) -> str | None:
     if not (stripped.startswith("{") and stripped.endswith("}")):
         return None
-    if (error := _json_error(stripped, strict=False)) is not None:
+    entry, error = _loaded(stripped, strict=False)
+    if error is not None:
         return error
-    missing = [key for key in ("lora_name", "lora_path") if key not in json.loads(stripped)]
+    missing = [key for key in ("lora_name", "lora_path") if key not in entry]
     return f"is JSON without {' and '.join(missing)}" if missing else None
 
 
-def _json_error(value: str, *, strict: bool) -> str | None:
+def _loaded(value: str, *, strict: bool) -> tuple[Any, str | None]:
+    """(the JSON value, None), or (None, why it is not JSON): `json.loads`, or with `strict` orjson's rules
+    (no NaN, Infinity or number beyond a double, which json.loads takes)."""
     try:
         if strict:
-            json.loads(value, parse_constant=_no_constant, parse_float=_finite_float)
-        else:
-            json.loads(value)
+            return json.loads(value, parse_constant=_no_constant, parse_float=_finite_float), None
+        return json.loads(value), None
     except ValueError as error:
-        return f"is not JSON ({error})"
-    return None
+        return None, f"is not JSON ({error})"
 
 
 def _no_constant(name: str) -> float:

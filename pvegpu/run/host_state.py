@@ -55,16 +55,19 @@ def sglang_home(user: str) -> str:
     return f"/var/lib/{user}"
 
 
-def nccl_conf_paths(user: str) -> tuple[str, ...]:
-    """The NCCL conf files the SGLang service's NCCL reads: its user's `~/.nccl.conf`, `/etc/nccl.conf`."""
-    return (f"{sglang_home(user)}/{USER_CONF_NAME}", SYSTEM_CONF)
+def nccl_conf_paths(specs: HostSpecs) -> tuple[str, ...]:
+    """The NCCL conf files the state read takes: in a VM (where they could set what the profile refuses,
+    pvegpu.plan.nccl.conf_file_problems) the SGLang user's `~/.nccl.conf` and `/etc/nccl.conf`; else none."""
+    if specs.node.profile != "vm":
+        return ()
+    return (f"{sglang_home(specs.sglang.user)}/{USER_CONF_NAME}", SYSTEM_CONF)
 
 
-def nccl_conf_files(state: HostState, user: str) -> dict[str, tuple[ConfSetting, ...] | None]:
-    """Each of `nccl_conf_paths(user)` as NCCL reads it (None: absent), from a read that requested them."""
+def nccl_conf_files(state: HostState, specs: HostSpecs) -> dict[str, tuple[ConfSetting, ...] | None]:
+    """Each of `nccl_conf_paths(specs)` as NCCL reads it (None: absent), from the read that requested them."""
     return {
         path: None if (text := state.records[path]) is None else parse_nccl_conf(text)
-        for path in nccl_conf_paths(user)
+        for path in nccl_conf_paths(specs)
     }
 
 
@@ -130,11 +133,9 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         ENV_FILE,
         UNIT_FILE,
     ]
-    # In a VM, NCCL's conf files could set what the profile refuses (pvegpu.plan.nccl.conf_file_problems).
-    conf_files = nccl_conf_paths(spec.user) if specs.node.profile == "vm" else ()
     return replace(
         request,
-        records=(*request.records, *conf_files),
+        records=(*request.records, *nccl_conf_paths(specs)),
         paths=tuple(dict.fromkeys(paths)),
         units=(*request.units, SERVICE),
         users=(spec.user,),

@@ -67,6 +67,19 @@ def test_parse_the_records_section() -> None:
     assert (missing.records, missing.p2p_record) == ({RECORD_PATH: None}, None)
 
 
+def test_a_record_in_any_bytes_is_read() -> None:
+    """A record may be a file pvegpu does not write (/etc/nccl.conf): bytes that are not UTF-8 are kept."""
+    raw = b"# r\xe9seau\nNCCL_P2P_LEVEL=SYS\n"
+    lines = (
+        *SAMPLE[:-1],
+        "#pvegpu:records",
+        f"{base64.b64encode(raw).decode()}\t/etc/nccl.conf",
+        "#pvegpu:end",
+    )
+    text = parse_state(lines).records["/etc/nccl.conf"]
+    assert text == "# r\udce9seau\nNCCL_P2P_LEVEL=SYS\n"  # 0xe9 kept as a surrogate
+
+
 def test_initramfs_images_older_than_the_blacklist(tmp_path: Path) -> None:
     """The `initramfs` section, run here with sh on real files (/boot moved under tmp_path)."""
     boot, blacklist = tmp_path / "boot", tmp_path / "pvegpu-nouveau.conf"

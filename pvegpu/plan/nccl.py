@@ -211,7 +211,8 @@ def _put_p2p_profile(put: Callable[[str, str, str], None]) -> None:
     put(
         "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
         "1",
-        "allocate LL buffers for P2P connections too, as the reference box's recipe does (NCCL's default 0)",
+        "LL buffers for send/recv over the network transport (pipeline stages across nodes), as the "
+        "reference box's recipe sets (NCCL's default 0)",
     )
 
 

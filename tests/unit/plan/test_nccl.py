@@ -37,7 +37,8 @@ P2P_OFF = (
     "NCCL_P2P_DISABLE=1",
 )
 P2P_LL = (
-    "# allocate LL buffers for P2P connections too, as the reference box's recipe does (NCCL's default 0)",
+    "# LL buffers for send/recv over the network transport (pipeline stages across nodes), as the "
+    "reference box's recipe sets (NCCL's default 0)",
     "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1",
 )
 P2P_CHANNELS = (

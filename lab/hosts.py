@@ -16,7 +16,8 @@ which the inventory checks strictly) and root login key. State lives in `$PVEGPU
 `id_ed25519` (root's login key), `merged/` (the host's "/": tests may read or tamper with it), `upper/`,
 `work/`, `pid`, `console.log`.
 
-`up` refuses a name or address that is in use; `down` removes everything `up` made (processes, network
+`route_between` lets hosts reach each other (off by default: each host sees only the lab machine). `up`
+refuses a name or address that is in use; `down` removes everything `up` made (processes, network
 namespace, veth, mounts, state) and also cleans up after a half-finished `up`.
 """
 
@@ -446,6 +447,30 @@ def retopo(name: str, topology: str) -> LabHost:
         host = replace(host, topology=topology)
         (host.state_dir / "host.json").write_text(json.dumps(asdict(host), indent=1) + "\n")
     return host
+
+
+def route_between(*names: str) -> None:
+    """Let running hosts `names` reach each other (as a cluster's nodes do): each gets a route to the others'
+    addresses through its lab side, and the lab machine forwards between their veths only (per-interface
+    `forwarding`, the rest of the machine's routing untouched). Gone with the hosts' veths at `down`."""
+    with _locked():
+        hosts = [get_host(name) for name in names]
+        for host in hosts:
+            Path(f"/proc/sys/net/ipv4/conf/{netns_name(host.name)}/forwarding").write_text("1\n")
+        for host in hosts:
+            gateway = host.address.rpartition(".")[0] + ".1"
+            for other in hosts:
+                if other.name != host.name:
+                    _run(
+                        "ip",
+                        "-n",
+                        netns_name(host.name),
+                        "route",
+                        "replace",
+                        f"{other.address}/32",
+                        "via",
+                        gateway,
+                    )
 
 
 # --- companions and dependents -----------------------------------------------------------------

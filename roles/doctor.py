@@ -114,9 +114,9 @@ def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:
 
 
 def _host_checks(spec: NodeSpec, hardware: HostHardware, topology: Topology) -> None:
-    """Print IOMMU / interrupt remapping, ACS above each GPU, BARs, Resizable BAR, C-states, NUMA nodes and
-    the BIOS knobs Linux cannot see; write the same as JSON to `$PVEGPU_DOCTOR_DIR/<host>.json` (default
-    ./pvegpu-doctor/) on this machine."""
+    """Print IOMMU / interrupt remapping, ACS above each GPU (on `lxc` / `baremetal` also its DMA
+    translation), BARs, Resizable BAR, C-states, NUMA nodes and the BIOS knobs Linux cannot see; write the
+    same as JSON to `$PVEGPU_DOCTOR_DIR/<host>.json` (default ./pvegpu-doctor/) on this machine."""
     addresses = sorted(
         {
             a
@@ -124,8 +124,13 @@ def _host_checks(spec: NodeSpec, hardware: HostHardware, topology: Topology) -> 
             for a in (gpu.gpu_function, *hardware.by_address[gpu.gpu_function].parents)
         }
     )
-    data = host.get_fact(HostChecks, sysfs_root=spec.sysfs_root, addresses=tuple(addresses))
-    rows = host_checks(hardware, topology, data)
+    groups = sorted(
+        {g for gpu in topology.gpus if (g := hardware.by_address[gpu.gpu_function].iommu_group) is not None}
+    )
+    data = host.get_fact(
+        HostChecks, sysfs_root=spec.sysfs_root, addresses=tuple(addresses), groups=tuple(groups)
+    )
+    rows = host_checks(hardware, topology, data, spec.profile)
     path = Path(os.environ.get(REPORT_DIR_ENV, REPORT_DIR)) / f"{host.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(checks_to_json(host.name, rows), indent=1) + "\n")

@@ -36,10 +36,12 @@ from pvegpu.plan.driver import (
     NOUVEAU_DROP_IN,
     PERSISTENCED,
     PREFERENCES,
+    UVM_OPTIONS,
     Placement,
     apt_source_line,
     cuda_distro,
     cuda_list_path,
+    disables_hmm,
     driver_packages,
     flavour_problems,
     keyring_url,
@@ -92,7 +94,8 @@ def nvidia_driver(placement: Placement = "guest") -> None:
     installing = installed.will_change
     # The device unit makes a node per GPU the host has (from the topology: `node.gpus.count` may be unset).
     gpus = len(plan.topology.gpus) if placement == "pve-host" else 0
-    unit = None if container else _module_side(placement, gpus)
+    hmm_off = disables_hmm(placement, node.profile)
+    unit = None if container else _module_side(placement, gpus, hmm_off)
     driver_module(
         name="Check the host's kernel module is the pinned one"
         if container
@@ -111,23 +114,30 @@ def nvidia_driver(placement: Placement = "guest") -> None:
     )
 
 
-def _module_side(placement: Placement, gpus: int) -> OperationMeta | None:
-    """nouveau off (the initramfs refreshed when the blacklist changes or an image is older than it: a run
-    cut before the refresh is finished by the next), persistence on; on a Proxmox host the modules and the
-    device unit for boot (returned: its write, which decides a reload and a rerun)."""
+def _module_side(placement: Placement, gpus: int, hmm_off: bool) -> OperationMeta | None:
+    """nouveau off and, with `hmm_off`, nvidia_uvm without HMM (the initramfs refreshed when either file
+    changes or an image is older than the blacklist: a run cut before the refresh is finished by the next;
+    the uvm file goes first, so the refresh also covers /etc/modprobe.d's new mtime, which the vfio parking
+    of pvegpu/operations/vfio.py compares the images with), persistence on; on a Proxmox host the modules and
+    the device unit for boot (returned: its write, which decides a reload and a rerun)."""
     stale = state_of(host).stale_initramfs
     if stale:
         logger.info(f"{host.print_prefix}initramfs older than {NOUVEAU_DROP_IN}: {', '.join(stale)}")
-    blacklist = file_content(
-        name="Blacklist nouveau",
-        content=render("nvidia_driver/modprobe-pvegpu-nouveau.conf.j2"),
-        path=NOUVEAU_DROP_IN,
-        mode="644",
-    )
+    drop_ins = [("Blacklist nouveau", "modprobe-pvegpu-nouveau.conf.j2", NOUVEAU_DROP_IN)]
+    if hmm_off:
+        uvm = (
+            "Turn off nvidia_uvm's HMM (P2P on the host hangs with it)",
+            "modprobe-pvegpu-nvidia-uvm.conf.j2",
+        )
+        drop_ins.insert(0, (*uvm, UVM_OPTIONS))
+    written = [
+        file_content(name=name, content=render(f"nvidia_driver/{template}"), path=path, mode="644")
+        for name, template, path in drop_ins
+    ]
     server.shell(
         name="Refresh the initramfs without nouveau",
         commands=[UPDATE_INITRAMFS.get_raw_value()],
-        _if=[] if stale else any_changed(blacklist),
+        _if=[] if stale else any_changed(*written),
     )
     service(name="Enable and start nvidia-persistenced", service=PERSISTENCED, running=True, enabled=True)
     if placement != "pve-host":

@@ -171,9 +171,10 @@ def sglang() -> None:
         _if=any_changed(*changes),
     )
     started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
+    target = probe_target(spec)
     sglang_ready(
-        name="Wait for /health and /v1/models",
-        target=probe_target(spec),
+        name="Wait for SGLang to answer",
+        target=target,
         key_files=tuple(path for _, path in credentials(spec)),  # masked in the journal lines it shows
         timeout_s=spec.start_timeout_s,
         starting=any(op.will_change for op in (started, *changes)),

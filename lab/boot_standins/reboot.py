@@ -18,6 +18,9 @@ fake running state, from the files the bootloader, modprobe and systemd would re
   else no driver. An NVIDIA display function that vfio-pci does not take and that has no driver, or has
   `nvidia`, gets `nvidia` when the host driver loads and no driver when it does not. Other functions keep
   their driver.
+- IOMMU groups: each `kernel/iommu_groups/N/type` gets the default DMA domain the new command line gives
+  (drivers/iommu/iommu.c): `identity` with `iommu=pt` or `iommu.passthrough=1`, `DMA` with
+  `iommu.strict=1`, else `DMA-FQ` (x86's lazy default).
 - the NVIDIA module: when the host driver loads and at least one NVIDIA display function ends up bound to
   `nvidia`, VERSION_FILE (from /etc/pvegpu-lab/nvidia.env, else the lab's default path) gets what
   /proc/driver/nvidia/version shows, for the version dpkg-query gives for the installed
@@ -233,6 +236,19 @@ def start_device_unit() -> str:
     return "started" if restart.returncode == 0 else "failed"
 
 
+def domain_type(cmdline: str) -> str:
+    """The default DMA domain type of every IOMMU group after a boot with `cmdline` (module docstring)."""
+    tokens = cmdline.split()
+    if "iommu=pt" in tokens or "iommu.passthrough=1" in tokens:
+        return "identity"
+    return "DMA" if "iommu.strict=1" in tokens else "DMA-FQ"
+
+
+def boot_domain_types(sysfs: Path, cmdline: str) -> None:
+    for group_type in sysfs.glob("kernel/iommu_groups/*/type"):
+        group_type.write_text(domain_type(cmdline) + "\n")
+
+
 def boot_drivers(sysfs: Path, cmdline: str, nvidia: bool) -> tuple[list[str], list[str]]:
     """Rebind the functions as the boot would (module docstring); (bound to vfio-pci, released from it)."""
     tokens = cmdline.split()
@@ -408,6 +424,7 @@ def main() -> int:
     cmdline_path.write_text(cmdline + "\n")
     nvidia = host_driver_loads()
     bound, released = boot_drivers(sysfs, cmdline, nvidia)
+    boot_domain_types(sysfs, cmdline)
     module = module_at_boot(sysfs, nvidia, installed_version(), version_file())
     fresh_device_nodes()
     unit = start_device_unit()

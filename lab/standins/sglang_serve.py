@@ -22,7 +22,9 @@ to whoever passes the `--api-key` check. It serves along SGLang's path, where pv
 `sglang.srt.entrypoints.http_server.launch_server`; `/server_info` answers what that module's
 `redact_watermark_secrets` (found at each request) makes of the info, as SGLang's `server_info` does (the
 real one blanks watermark keys only; the stand-in has none, so it returns the info as it is).
-With NCCL_DEBUG=INFO it logs the NCCL channel lines the real server would, with the transport the flags
+With `--nnodes` > 1 the ranks first meet at `--dist-init-addr` (`join_nodes`: rank 0 serves only once
+every rank has joined); a rank >= 1 then serves only SGLang's health server (`health_handler`), as 0.5.23
+does. With NCCL_DEBUG=INFO it logs the NCCL channel lines the real server would, with the transport the flags
 imply (SHM when --enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor
 has something to read.
 """
@@ -36,7 +38,10 @@ import logging.config
 import math
 import os
 import re
+import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -392,9 +397,16 @@ def launch_server(server_args: ServerArgs) -> None:
     configure_logging(values)
     resolved = {name: value for name, value in info.items() if name not in ("launch_command", "version")}
     logging.getLogger("sglang.srt.entrypoints.engine").info(f"server_args={resolved}")
+    nnodes, rank = int(_one(values, "nnodes", "1")), int(_one(values, "node_rank", "0"))
+    if nnodes > 1:
+        join_nodes(_one(values, "dist_init_addr", ""), nnodes, rank)
+    log_nccl_channels(values)
+    if rank >= 1:
+        print(f"sglang STAND-IN (pvegpu lab): node_rank {rank} health server on {host}:{port}", flush=True)
+        _Server((host, port), health_handler("enable_metrics" in values)).serve_forever()
+        return
     model_path = _one(values, "model_path", "")
     print(f"sglang STAND-IN (pvegpu lab): serving {model_path} on {host}:{port}", flush=True)
-    log_nccl_channels(values)
     http_server = importlib.import_module("sglang.srt.entrypoints.http_server")
 
     def answer() -> dict[str, object]:  # SGLang's `server_info`: `redact_watermark_secrets({...})`
@@ -403,6 +415,98 @@ def launch_server(server_args: ServerArgs) -> None:
 
     server = _Server((host, port), make_handler(values, server_args.api_key, answer))
     server.serve_forever()
+
+
+def join_nodes(dist_init_addr: str, nnodes: int, rank: int) -> None:
+    """STAND-IN for torch.distributed's rendezvous at `dist_init_addr`: rank 0 listens on its port until
+    every other rank has joined (and keeps listening, in a thread, for a rank that restarts); a rank >= 1
+    connects, retrying as torch's TCPStore client does, until rank 0 takes it. Only then do the ranks serve,
+    as SGLang's schedulers are ready only once the group is whole. Each rank's connection stays open: a rank
+    that sees it close lost rank 0 (`_leave_with_rank_0`)."""
+    host, _, port = dist_init_addr.rpartition(":")
+    address = (host.strip("[]"), int(port))
+    if rank == 0:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        listener = socket.create_server(("", address[1]), family=family)
+        joined: set[int] = set()
+        members: list[socket.socket] = []
+        whole = threading.Event()
+
+        def accept() -> None:
+            while True:
+                peer, _ = listener.accept()
+                peer.settimeout(5)
+                word = peer.recv(16).decode(errors="replace").strip()
+                if word.isdigit() and 0 < int(word) < nnodes:
+                    joined.add(int(word))
+                    peer.sendall(b"ok\n")
+                    members.append(peer)
+                else:
+                    peer.close()
+                if len(joined) == nnodes - 1:
+                    whole.set()
+
+        print(
+            f"sglang STAND-IN (pvegpu lab): rank 0 waits for {nnodes - 1} ranks at {dist_init_addr}",
+            flush=True,
+        )
+        threading.Thread(target=accept, daemon=True).start()
+        whole.wait()
+        return
+    while True:
+        try:
+            connection = socket.create_connection(address, timeout=5)
+            connection.sendall(f"{rank}\n".encode())
+            if connection.recv(16).strip() == b"ok":
+                print(
+                    f"sglang STAND-IN (pvegpu lab): rank {rank} joined rank 0 at {dist_init_addr}", flush=True
+                )
+                threading.Thread(target=_leave_with_rank_0, args=(connection, rank), daemon=True).start()
+                return
+            connection.close()
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+
+def _leave_with_rank_0(connection: socket.socket, rank: int) -> None:
+    """A rank whose group lost rank 0 fails, as its NCCL communicator would (systemd then restarts it)."""
+    connection.settimeout(None)
+    try:
+        while connection.recv(16):
+            pass
+    except OSError:
+        pass
+    print(f"sglang STAND-IN (pvegpu lab): rank {rank} lost rank 0; exiting", flush=True)
+    os._exit(1)
+
+
+def health_handler(enable_metrics: bool) -> type[BaseHTTPRequestHandler]:
+    """SGLang 0.5.23's `launch_dummy_health_check_server` of a rank >= 1: `/ping`, `/health`,
+    `/health_generate` answer 200 with no body, `/metrics` with --enable-metrics; nothing else (404)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "sglang-STAND-IN"
+
+        def do_GET(self) -> None:
+            if self.path in ("/ping", "/health", "/health_generate"):
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = b"# pvegpu lab STAND-IN\nsglang_stand_in 1\n"
+            status = 200 if self.path == "/metrics" and enable_metrics else 404
+            if status == 404:
+                body = b'{"detail":"Not Found"}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            print(f"sglang STAND-IN: {format % args}", flush=True)
+
+    return Handler
 
 
 class _Server(ThreadingHTTPServer):

@@ -6,7 +6,8 @@
 `SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log;
 `SglangNcclRuns()` -> those lines of every run still in the journal, by run (`pvegpu.facts.nccl_journal`).
 The probe is one Python process on the host (urllib): `GET /health`, then `GET /v1/models` with
-`Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it). Parsing is pure
+`Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it); on a rank other
+than 0 of several nodes (its target's `leader_url`), `GET /health` there and at rank 0. Parsing is pure
 (`parse_venv`, `parse_probe`; the NCCL lines: `parse_transports`).
 """
 
@@ -33,18 +34,25 @@ VERSION_SCRIPT = (
 )
 PROBE_SCRIPT = """\
 import json, sys, urllib.request
-base, key_file = sys.argv[1], sys.argv[2]
-def get(path, auth):
-    request = urllib.request.Request(base + path)
+base, key_file, leader = sys.argv[1], sys.argv[2], sys.argv[3]
+def get(url, auth):
+    request = urllib.request.Request(url)
     if auth and key_file:
         with open(key_file) as f:
             request.add_header("Authorization", "Bearer " + f.read().strip())
     with urllib.request.urlopen(request, timeout=5) as response:
         return response.read()
 try:
-    get("/health", False)
-    models = json.loads(get("/v1/models", True))["data"]
-    print("ok " + ",".join(model["id"] for model in models))
+    get(base + "/health", False)
+    if leader:
+        try:
+            get(leader + "/health", False)
+        except Exception as error:
+            raise OSError("rank 0 at " + leader + ": " + str(error)) from None
+        print("ok rank 0 at " + leader + " answers")
+    else:
+        models = json.loads(get(base + "/v1/models", True))["data"]
+        print("ok " + ",".join(model["id"] for model in models))
 except Exception as error:
     print("fail " + " ".join(str(error).split()))
 """
@@ -96,19 +104,24 @@ def probe_command(target: ProbeTarget) -> StringCommand:
         QuoteString(PROBE_SCRIPT),
         QuoteString(target.base_url),
         QuoteString(target.key_file or ""),
+        QuoteString(target.leader_url or ""),
     )
 
 
 class SglangProbe(FactBase[Probe]):
-    """Whether SGLang at `base_url` answers /health and /v1/models (`key_file`: the API key on the host)."""
+    """Whether SGLang at `base_url` answers /health and /v1/models (`key_file`: the API key on the host);
+    with `leader_url`, /health there and at rank 0's `leader_url`."""
 
     @staticmethod
     def default() -> Probe:
         return parse_probe([])
 
     @override
-    def command(self, python: str, base_url: str, key_file: str | None = None) -> StringCommand:
-        return StringCommand(probe_command(ProbeTarget(python, base_url, key_file)), "2>&1", "||", "true")
+    def command(
+        self, python: str, base_url: str, key_file: str | None = None, leader_url: str | None = None
+    ) -> StringCommand:
+        target = ProbeTarget(python, base_url, key_file, leader_url)
+        return StringCommand(probe_command(target), "2>&1", "||", "true")
 
     @override
     def process(self, output: list[str]) -> Probe:

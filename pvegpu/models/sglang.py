@@ -16,7 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pvegpu.models.fields import AbsolutePath, OneLine, has_control_character, shown
 from pvegpu.models.sglang_options import SGLANG_VERSION, load_option_table
@@ -28,6 +37,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_VALUE = re.compile(r"[^\s\x00-\x1f\x7f\"'\\$]*")
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})")
 _HOST = re.compile(r"[A-Za-z0-9.:-]+")
+# Listen addresses that take every interface.
+WILDCARDS = ("0.0.0.0", "::")
 
 
 def _choice_of(flag: str) -> Callable[[str | None], str | None]:
@@ -238,7 +249,12 @@ class SglangSpec(BaseModel):
     node_rank: StrictInt = Field(
         default=0,
         ge=0,
-        description="This node's rank among `nnodes` (`--node-rank`), from 0; rank 0 hosts `dist_init_addr`.",
+        description=(
+            "This node's rank among `nnodes` (`--node-rank`), from 0. Rank 0 hosts `dist_init_addr` and "
+            "serves the API, listening (`host`) on that address or all of them: the other ranks serve only "
+            "SGLang's `/health` and are ready when theirs and rank 0's answer (rank 0's at "
+            "`dist_init_addr`'s host, on `port`)."
+        ),
     )
     dist_init_addr: str | None = Field(
         default=None,
@@ -301,7 +317,8 @@ class SglangSpec(BaseModel):
         default=1200,
         ge=1,
         description=(
-            "Seconds to wait for `/health` and `/v1/models` after a (re)start (GLM-5 takes ~8 min to load)."
+            "Seconds to wait for `/health` and `/v1/models` after a (re)start (GLM-5 takes ~8 min to load); "
+            "on a rank > 0, for its `/health` and rank 0's."
         ),
     )
 
@@ -362,12 +379,34 @@ class SglangSpec(BaseModel):
             raise ValueError("is only used when nnodes is more than 1")
         return addr
 
+    @model_validator(mode="after")
+    def _leader_reachable(self) -> SglangSpec:
+        # The other ranks' readiness asks rank 0's /health at dist_init_addr's host (plan/sglang_service.py).
+        if self.nnodes == 1 or self.node_rank != 0 or self.dist_init_addr is None:
+            return self
+        leader = self.dist_init_addr.rpartition(":")[0]
+        if self.host not in WILDCARDS and self.host.strip("[]") != leader.strip("[]"):
+            raise ValueError(
+                f"host {shown(self.host)}: rank 0 of {self.nnodes} nodes must listen where the other ranks "
+                f"reach its /health: on dist_init_addr's host {leader} or {' / '.join(WILDCARDS)}"
+            )
+        return self
+
 
 @dataclass(frozen=True)
 class ProbeTarget:
     """What SGLang's readiness probe runs with: the venv's `python`, the service's `base_url` and its API
-    `key_file` (`pvegpu.plan.sglang_service.probe_target`)."""
+    `key_file`; on a rank other than 0 of several nodes, `leader_url`: rank 0's, whose /health is asked too
+    (`pvegpu.plan.sglang_service.probe_target`)."""
 
     python: str
     base_url: str
     key_file: str | None
+    leader_url: str | None = None
+
+    @property
+    def answers(self) -> str:
+        """What answering means for this target, for the run's lines."""
+        if self.leader_url is None:
+            return f"{self.base_url}/health and /v1/models"
+        return f"{self.base_url}/health, and rank 0 {self.leader_url}/health"

@@ -94,7 +94,8 @@ def model_download(
 def sglang_ready(
     *, target: ProbeTarget, timeout_s: float, starting: bool, key_files: Sequence[str] | None = None
 ) -> Generator[FunctionCommand, None, None]:
-    """`/health` and `/v1/models` answer at `target.base_url`. Not `starting` (nothing changed): checked once,
+    """`/health` and `/v1/models` answer at `target.base_url` (on a rank other than 0: `/health` there and at
+    rank 0, `target.leader_url`). Not `starting` (nothing changed): checked once,
     noop or fail, from the host's state read when it holds the probe of `target` and nothing on the host
     changed since (else by the probe alone).
     `starting`: polled after the (re)start for up to `timeout_s`; failing names the last error and shows the
@@ -108,11 +109,15 @@ def sglang_ready(
         probe = state.probe if state is not None and state.probe_target == target else None
         if probe is None:
             probe = host.get_fact(
-                SglangProbe, python=target.python, base_url=base_url, key_file=target.key_file
+                SglangProbe,
+                python=target.python,
+                base_url=base_url,
+                key_file=target.key_file,
+                leader_url=target.leader_url,
             )
         if not probe.ok:
             raise OperationError(f"{SERVICE} does not answer at {base_url}: {probe.detail}")
-        host.noop(f"{SERVICE} answers {base_url}/health and /v1/models ({probe.detail})")
+        host.noop(f"{SERVICE} answers {target.answers} ({probe.detail})")
         return
 
     def wait() -> None:
@@ -127,7 +132,7 @@ def sglang_ready(
             _, journal = host.run_shell_command(journal_command(target.python, key_files), print_output=False)
             lines = "\n".join(journal.stdout_lines)
             raise OperationError(
-                f"{SERVICE} did not answer {base_url}/health and /v1/models within {timeout_s:.0f} s "
+                f"{SERVICE} did not answer {target.answers} within {timeout_s:.0f} s "
                 f"(last: {timeout.last}); its last journal lines:\n{lines}"
             ) from None
 

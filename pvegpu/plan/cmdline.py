@@ -6,8 +6,10 @@ the command line before pvegpu wanted it stays the user's, and is never removed.
 Per profile (see pvegpu/plan/profile.py for the rest of what each profile owns):
 - `vm`: `<vendor>_iommu=on iommu=pt`: VFIO needs the IOMMU on (Intel's is off by default; AMD's is on,
   stated so the command line says what it relies on).
-- `lxc`, `baremetal`: `iommu=pt` only: the host driver's DMA skips translation, which GPU P2P on the host
+- `lxc`, `baremetal`: `iommu=pt`: the host driver's DMA skips translation, which GPU P2P on the host
   needs (P2P hangs were reported without it); the IOMMU itself is not needed, so `<vendor>_iommu=on` goes.
+  And `pcie_port_pm=off`: no runtime power management of PCIe ports, whose link-down on resume locked up
+  these boxes with "Surprise Link Down" (../shared/knowledge/serving-recipe-glm5-sm120.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pvegpu.plan.errors import PlanError
 # `vm`: the IOMMU on (amd_iommu=on is the default on AMD, stated so the command line says what it relies on)
 # and passthrough mode for the host's own devices (iommu=pt: no translation cost, P2P on the host works).
 IOMMU_PASSTHROUGH = "iommu=pt"
+# `lxc`, `baremetal`: PCIe ports kept out of runtime power management (the kernel's pcie_port_pm=off).
+PORT_PM_OFF = "pcie_port_pm=off"
 PROFILES = ("vm", "lxc", "baremetal")
 
 
@@ -32,7 +36,7 @@ def desired_tokens(profile: str, cpu_vendor: str | None, extra: Sequence[str]) -
     if profile not in PROFILES:
         raise PlanError(f"node.profile: {profile!r} is not one of {', '.join(PROFILES)}")
     if profile != "vm":
-        tokens = [IOMMU_PASSTHROUGH]
+        tokens = [IOMMU_PASSTHROUGH, PORT_PM_OFF]
         tokens.extend(token for token in extra if token not in tokens)
         return tuple(tokens)
     if cpu_vendor not in ("amd", "intel"):

@@ -46,11 +46,21 @@ MODULES_LOAD = "/etc/modules-load.d/pvegpu-nvidia.conf"
 DEVICES_SERVICE = "pvegpu-nvidia-devices.service"
 DEVICES_UNIT = f"/etc/systemd/system/{DEVICES_SERVICE}"
 NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
+# nvidia_uvm without HMM on the profiles that serve with P2P on the host (lxc, baremetal): NCCL's P2P hangs
+# on this GPU otherwise (../shared/knowledge/serving-recipe-glm5-sm120.md, local-inference-lab/rtx6kpro #15).
+UVM_OPTIONS = "/etc/modprobe.d/pvegpu-nvidia-uvm.conf"
+HOST_P2P_PROFILES = ("lxc", "baremetal")
 PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
 PERSISTENCED = "nvidia-persistenced.service"
 # Never installed in a container: the module is the host's (Pin-Priority -1 in its apt preferences).
 KERNEL_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-open", "cuda-drivers", "dkms")
 Placement = Literal["guest", "pve-host", "container"]
+
+
+def disables_hmm(placement: Placement, profile: str) -> bool:
+    """Whether the driver at `placement` gets `UVM_OPTIONS`: where its module loads (not a container's) on a
+    profile whose GPUs talk P2P on that host."""
+    return placement != "container" and profile in HOST_P2P_PROFILES
 
 
 def driver_packages(driver: DriverSpec, placement: Placement, kernel: str) -> tuple[str, ...]:

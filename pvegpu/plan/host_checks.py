@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from pvegpu.models.hardware import Bar, HostHardware
 from pvegpu.models.host_checks import HostCheckData
+from pvegpu.plan.driver import HOST_P2P_PROFILES
 from pvegpu.plan.topology import Topology
 
 FOUR_GIB = 1 << 32
@@ -19,6 +20,10 @@ EXT_CAP_ACS = 0x000D
 EXT_CAP_REBAR = 0x0015
 # ACS control bits (PCIe spec 7.7.8.3): the ones the kernel enables for isolation.
 ACS_BITS = ((0, "SrcValid"), (2, "ReqRedir"), (3, "CmpltRedir"), (4, "UpstreamFwd"))
+# The two that send peer-to-peer requests and completions up to the root complex (and its IOMMU).
+ACS_REDIRECT = (1 << 2) | (1 << 3)
+# Default DMA domain types that translate the device's DMA (drivers/iommu/iommu.c iommu_group_show_type).
+TRANSLATED = ("DMA", "DMA-FQ")
 # Knobs that shape GPU-to-GPU and host latency but that Linux cannot read without vendor tools
 # (shared/knowledge/sglang-nccl-drivers-lxc-bios.md, BIOS section).
 BIOS_KNOBS = (
@@ -35,8 +40,12 @@ class Check:
     detail: str
 
 
-def host_checks(hw: HostHardware, topology: Topology, data: HostCheckData) -> tuple[Check, ...]:
-    """Every check row, in report order: platform, then per GPU, then CPU, NUMA and BIOS knobs."""
+def host_checks(
+    hw: HostHardware, topology: Topology, data: HostCheckData, profile: str | None = None
+) -> tuple[Check, ...]:
+    """Every check row, in report order: platform, then per GPU, then CPU, NUMA and BIOS knobs. On a profile
+    whose GPUs talk P2P on the host (`lxc`, `baremetal`), per GPU whether the IOMMU translates its DMA, and
+    with ACS redirect above it (the combination in which NCCL's P2P still hangs on this box)."""
     groups = {f.iommu_group for f in hw.functions if f.iommu_group is not None}
     rows = [
         Check("IOMMU", "ok", f"on: {len(groups)} IOMMU groups")
@@ -49,6 +58,16 @@ def host_checks(hw: HostHardware, topology: Topology, data: HostCheckData) -> tu
     for gpu in topology.gpus:
         function = hw.by_address[gpu.gpu_function]
         rows.extend(_acs(gpu.name, port, data.config.get(port, b"")) for port in function.parents)
+        if profile in HOST_P2P_PROFILES:
+            redirecting = [
+                port
+                for port in function.parents
+                if (acs_control(data.config.get(port, b"")) or 0) & ACS_REDIRECT
+            ]
+            group = function.iommu_group
+            rows.append(
+                _translation(gpu.name, None if group is None else data.group_types.get(group), redirecting)
+            )
         rows.extend(_bars(gpu.name, function.bars))
         rows.append(_rebar(gpu.name, data.config.get(gpu.gpu_function, b"")))
     rows.append(_cstates(data))
@@ -92,14 +111,42 @@ def _unreadable(config: bytes) -> str:
     return f"config space read returned {len(config)} bytes (extended capabilities need root and 4096)"
 
 
+def acs_control(config: bytes) -> int | None:
+    """The ACS control register (capability + 6) of `config`; None when unreadable or without ACS."""
+    offset = extended_capabilities(config).get(EXT_CAP_ACS) if len(config) > 0x100 else None
+    return None if offset is None else int.from_bytes(config[offset + 6 : offset + 8], "little")
+
+
+def _translation(gpu: str, group_type: str | None, redirecting: list[str]) -> Check:
+    name = f"{gpu} DMA translation"
+    if group_type is None:
+        return Check(name, "unknown", "its IOMMU group's type was not readable")
+    if group_type == "identity":
+        return Check(name, "ok", "passthrough (identity): the IOMMU does not translate the GPU's DMA")
+    if group_type not in TRANSLATED:
+        return Check(name, "unknown", f"IOMMU group type {group_type!r}")
+    if redirecting:
+        return Check(
+            name,
+            "warn",
+            f"translated ({group_type}) with ACS redirect at {', '.join(redirecting)}: NCCL's P2P hangs in "
+            "this combination; reboot into pvegpu's iommu=pt or turn ACS off in the BIOS, else set "
+            "NCCL_P2P_DISABLE=1",
+        )
+    return Check(
+        name,
+        "warn",
+        f"translated ({group_type}): P2P DMA goes through the IOMMU; reboot into pvegpu's iommu=pt",
+    )
+
+
 def _acs(gpu: str, port: str, config: bytes) -> Check:
     name = f"{gpu} ACS at {port}"
     if len(config) <= 0x100:
         return Check(name, "unknown", _unreadable(config))
-    offset = extended_capabilities(config).get(EXT_CAP_ACS)
-    if offset is None:
+    control = acs_control(config)
+    if control is None:
         return Check(name, "ok", "no ACS capability (P2P is not redirected here)")
-    control = int.from_bytes(config[offset + 6 : offset + 8], "little")
     enabled = [label for bit, label in ACS_BITS if control >> bit & 1]
     if enabled:
         return Check(name, "warn", f"ACS on ({' '.join(enabled)}): P2P goes through the root complex")

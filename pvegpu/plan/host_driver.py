@@ -1,11 +1,12 @@
 """Parking what the host-driver profiles left on the Proxmox host, for the profile that does not use it. Pure.
 
 The `lxc` / `baremetal` profiles install the driver on the Proxmox host, load its modules at boot
-(modules-load drop-in), create the device nodes (`pvegpu-nvidia-devices.service`) and, on bare metal, serve
-from the host (`sglang.service`). Back on `vm` the GPUs go to vfio-pci, so whatever loads or holds the
-driver at boot goes: those units disabled and stopped, pvegpu's files removed. The driver packages stay
-installed (dkms keeps building them for new kernels, a switch back is quick) and are blacklisted by the vfio
-drop-in; SGLang's venv and the model stay (data). On `lxc` the container serves: only the host's SGLang
+(modules-load drop-in), turn off nvidia_uvm's HMM (modprobe drop-in), create the device nodes
+(`pvegpu-nvidia-devices.service`) and, on bare metal, serve from the host (`sglang.service`). Back on `vm`
+the GPUs go to vfio-pci, so whatever loads or holds the driver at boot goes: those units disabled and
+stopped, pvegpu's files removed. The driver packages stay installed (dkms keeps building them for new
+kernels, a switch back is quick) and are blacklisted by the vfio drop-in; SGLang's venv and the model stay
+(data). On `lxc` the container serves: only the host's SGLang
 service goes (it would hold the GPUs), the driver stays.
 """
 
@@ -14,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pvegpu.models.host_driver import HostDriverState
-from pvegpu.plan.driver import DEVICES_SERVICE, DEVICES_UNIT, MODULES_LOAD
+from pvegpu.plan.driver import DEVICES_SERVICE, DEVICES_UNIT, MODULES_LOAD, UVM_OPTIONS
 from pvegpu.plan.sglang_service import ENV_FILE, SERVICE, UNIT_FILE
 
 PERSISTENCED = "nvidia-persistenced.service"
-DRIVER_FILES = (MODULES_LOAD, DEVICES_UNIT, UNIT_FILE, ENV_FILE)
+DRIVER_FILES = (MODULES_LOAD, UVM_OPTIONS, DEVICES_UNIT, UNIT_FILE, ENV_FILE)
 DRIVER_UNITS = (SERVICE, DEVICES_SERVICE, PERSISTENCED)
 # What each profile that does not serve from the host parks: (files, units).
 PARKED = {

@@ -85,7 +85,14 @@ def probe_host(listen: str) -> str:
 
 
 def probe_target(spec: SglangSpec) -> ProbeTarget:
-    """The readiness probe's target for `spec`: its venv's python, `probe_host` and port, its API key file."""
-    return ProbeTarget(
-        f"{spec.venv}/bin/python", f"http://{probe_host(spec.host)}:{spec.port}", spec.api_key_file
-    )
+    """The readiness probe's target for `spec`: its venv's python, `probe_host` and port, its API key file.
+
+    A rank other than 0 of several nodes serves no API: SGLang 0.5.23 starts a health-only server on its
+    host and port once its schedulers are up (`engine.py` `_launch_subprocesses`,
+    `launch_dummy_health_check_server`), so it is ready when that answers /health and rank 0 answers
+    /health at dist_init_addr's host, on the port the ranks share (`sglang.port`)."""
+    base_url = f"http://{probe_host(spec.host)}:{spec.port}"
+    if spec.nnodes == 1 or spec.node_rank == 0 or spec.dist_init_addr is None:
+        return ProbeTarget(f"{spec.venv}/bin/python", base_url, spec.api_key_file)
+    leader = spec.dist_init_addr.rpartition(":")[0]
+    return ProbeTarget(f"{spec.venv}/bin/python", base_url, None, f"http://{leader}:{spec.port}")

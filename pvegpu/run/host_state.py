@@ -34,8 +34,10 @@ from pvegpu.plan.driver import (
     NOUVEAU_DROP_IN,
     PERSISTENCED,
     PREFERENCES,
+    UVM_OPTIONS,
     Placement,
     cuda_list_path,
+    disables_hmm,
 )
 from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
@@ -105,6 +107,8 @@ def _request(
         paths.append(NOUVEAU_DROP_IN)
         units.append(PERSISTENCED)
         initramfs_after = NOUVEAU_DROP_IN
+    if any(disables_hmm(placement, specs.node.profile) for placement in placements):
+        paths.append(UVM_OPTIONS)
     if "pve-host" in placements:
         paths += [MODULES_LOAD, DEVICES_UNIT]
         units.append(DEVICES_SERVICE)

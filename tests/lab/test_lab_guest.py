@@ -44,6 +44,11 @@ class Run:
         self.rc = result.returncode
         self.stderr = result.stderr
         operations = json.loads(result.stdout)["results"]["operations"] if result.stdout.strip() else []
+        # Per operation, the hosts of each outcome.
+        self.hosts = {
+            op["name"].split(" | ", 1)[1]: {kind: op[kind] for kind in ("success", "error", "no_change")}
+            for op in operations
+        }
         self.outcome = {
             op["name"].split(" | ", 1)[1]: next(
                 kind for kind in ("success", "error", "no_change") if op[kind]
@@ -63,9 +68,11 @@ def deploy(
 
 
 def starts(lab_ssh: LabSsh, guest: hosts.LabHost) -> int:
-    """How often the (stand-in) SGLang server started: it logs one `serving` line per start."""
+    """How often the (stand-in) SGLang server started: it logs one `serving` line per start (a rank >= 1 of
+    several nodes: one `health server` line)."""
     journal = lab_ssh(guest, "journalctl -u sglang.service -o cat --no-pager")
-    return sum("sglang STAND-IN (pvegpu lab): serving" in line for line in journal.splitlines())
+    started = ("sglang STAND-IN (pvegpu lab): serving", "sglang STAND-IN (pvegpu lab): node_rank")
+    return sum(line.startswith(started) for line in journal.splitlines())
 
 
 def test_create_converges_then_noop_then_one_setting_restarts_once(
@@ -75,7 +82,7 @@ def test_create_converges_then_noop_then_one_setting_restarts_once(
 
     assert first.rc == 0, first.stderr
     assert first.outcome["Verify the GPUs, module flavour and version"] == "success"
-    assert first.outcome["Wait for /health and /v1/models"] == "success"
+    assert first.outcome["Wait for SGLang to answer"] == "success"
     assert first.outcome["Start or restart SGLang (its unit, environment or venv changed)"] == "success"
     assert starts(lab_ssh, guest) == 1
     smi = lab_ssh(guest, "nvidia-smi --query-gpu=index,pci.bus_id,driver_version --format=csv,noheader")
@@ -101,7 +108,7 @@ def test_create_converges_then_noop_then_one_setting_restarts_once(
         "Write sglang.service",
         "Reload systemd's units",
         "Start or restart SGLang (its unit, environment or venv changed)",
-        "Wait for /health and /v1/models",
+        "Wait for SGLang to answer",
     ]
     assert starts(lab_ssh, guest) == 2
     unit = lab_ssh(guest, "cat /etc/systemd/system/sglang.service")
@@ -246,3 +253,67 @@ def row_change(row: str) -> str:
     cell = row.split(" | ")[5]
     assert re.fullmatch(r"[+-][0-9]+\.[0-9]%", cell), row
     return cell
+
+
+@pytest.fixture
+def two_guests() -> Iterator[tuple[hosts.LabHost, hosts.LabHost]]:
+    """Two guests that reach each other, as two nodes of one serving layout do."""
+    names = (next(_names), next(_names))
+    try:
+        pair = (guest_payload.up_guest(names[0]), guest_payload.up_guest(names[1]))
+        hosts.route_between(*names)
+        yield pair
+    finally:
+        for name in names:
+            hosts.down(name)
+
+
+def test_two_nodes_tp8_pp2_are_ready_on_both_hosts_then_noop(
+    two_guests: tuple[hosts.LabHost, hosts.LabHost],
+    pyinfra_cli: PyinfraCli,
+    lab_ssh: LabSsh,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TP8 x PP2 over two 8-GPU guests: rank 0 serves the API once rank 1 has joined at dist_init_addr;
+    rank 1 serves SGLang's health server only, and is ready when it and rank 0's /health answer."""
+    leader, follower = two_guests
+    (leader.root / "root/sglang-api-key").write_text("lab-key\n")
+    (leader.root / "root/sglang-api-key").chmod(0o600)
+    layout = {"tp_size": 8, "pp_size": 2, "nnodes": 2, "dist_init_addr": f"{leader.address}:5000"}
+    ranks = {
+        leader.name: {"sglang": {**layout, "host": "0.0.0.0", "api_key_file": "/root/sglang-api-key"}},
+        follower.name: {"sglang": {**layout, "node_rank": 1}},
+    }
+    monkeypatch.setenv("PVEGPU_LAB_HOST_DATA", json.dumps(ranks))
+    argv = ("--json", "-y", "--limit", leader.name, "--limit", follower.name, INVENTORY, DEPLOY)
+
+    first = Run(pyinfra_cli(*argv, check=False))
+
+    assert first.rc == 0, first.stderr
+    assert first.hosts["Wait for SGLang to answer"] == {
+        "success": sorted((leader.name, follower.name)),
+        "error": [],
+        "no_change": [],
+    }
+    assert (starts(lab_ssh, leader), starts(lab_ssh, follower)) == (1, 1)
+    leader_log = lab_ssh(leader, "journalctl -u sglang.service -o cat --no-pager").splitlines()
+    follower_log = lab_ssh(follower, "journalctl -u sglang.service -o cat --no-pager").splitlines()
+    assert f"sglang STAND-IN (pvegpu lab): rank 0 waits for 1 ranks at {leader.address}:5000" in leader_log
+    assert f"sglang STAND-IN (pvegpu lab): rank 1 joined rank 0 at {leader.address}:5000" in follower_log
+    assert "sglang STAND-IN (pvegpu lab): node_rank 1 health server on 127.0.0.1:30000" in follower_log
+    unit = lab_ssh(follower, "cat /etc/systemd/system/sglang.service")
+    assert " --tp-size 8 --pp-size 2 " in unit
+    assert f" --nnodes 2 --node-rank 1 --dist-init-addr {leader.address}:5000" in unit
+    # Rank 1 has no API: /v1/models is SGLang's health server's 404.
+    status = lab_ssh(
+        follower,
+        '/opt/sglang/venv/bin/python -c "import urllib.request as u, urllib.error as e\n'
+        "try: u.urlopen('http://127.0.0.1:30000/v1/models')\n"
+        'except e.HTTPError as x: print(x.code)"',
+    )
+    assert status == "404\n"
+
+    second = Run(pyinfra_cli(*argv, check=False))
+
+    assert (second.rc, second.changed()) == (0, [])
+    assert (starts(lab_ssh, leader), starts(lab_ssh, follower)) == (1, 1)

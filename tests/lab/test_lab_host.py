@@ -199,7 +199,7 @@ def test_error_bad_inventory_stops_before_connecting(
     assert "Connecting to hosts" not in run.stderr
 
 
-def test_create_lxc_profile_wants_only_iommu_pt_and_no_vfio(
+def test_create_lxc_profile_wants_iommu_pt_port_pm_off_and_no_vfio(
     make_host: MakeHost, pyinfra_cli: PyinfraCli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = make_host("reference", "netns")
@@ -211,11 +211,11 @@ def test_create_lxc_profile_wants_only_iommu_pt_and_no_vfio(
         run.stderr
     )
     assert read(node, "/etc/default/grub.d/pvegpu.cfg").endswith(
-        'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"\n'
+        'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt pcie_port_pm=off"\n'
     )
     assert not (node.root / "etc/modprobe.d/pvegpu-vfio.conf").exists()
     assert (
-        f"[{node.name}] reboot required: /proc/cmdline lacks iommu=pt "
+        f"[{node.name}] reboot required: /proc/cmdline lacks iommu=pt pcie_port_pm=off "
         "(pve_host.allow_reboot is false: not rebooting)\n"
     ) in run.stderr
     assert set(node.gpu_drivers().values()) == {"nvidia", "snd_hda_intel"}

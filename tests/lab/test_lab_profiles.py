@@ -70,6 +70,7 @@ MANAGED = (
     "/etc/pve/mapping/pci.cfg",
     "/etc/pve/qemu-server/100.conf",
     "/etc/modules-load.d/pvegpu-nvidia.conf",
+    "/etc/modprobe.d/pvegpu-nvidia-uvm.conf",
     "/etc/systemd/system/pvegpu-nvidia-devices.service",
     "/etc/systemd/system/sglang.service",
     "/etc/pvegpu/sglang.env",
@@ -302,6 +303,7 @@ def host_driver_installed(outcome: dict[str, str]) -> None:
     """The `pve-host` driver steps of a first `lxc` / `baremetal` run."""
     assert outcome[NV_PACKAGES] == "success"
     assert outcome[NV + "Load the NVIDIA modules at boot"] == "success"
+    assert outcome[NV + "Turn off nvidia_uvm's HMM (P2P on the host hangs with it)"] == "success"
     assert outcome[NV + "Write pvegpu-nvidia-devices.service (device nodes before guests start)"] == "success"
     assert outcome[NV + "Enable and run pvegpu-nvidia-devices.service"] == "success"
     assert (outcome[NV_DEVICES], outcome[NV_VERIFY]) == ("success", "success")
@@ -324,7 +326,10 @@ def host_driver_state(node: hosts.LabHost, uvm: str) -> dict[str, Any]:
     assert now["units"]["pvegpu-nvidia-devices.service"] == "active"
     assert now["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] is None
     running = now["running"].split()
-    assert "iommu=pt" in running
+    assert ("iommu=pt" in running, "pcie_port_pm=off" in running) == (True, True)
+    assert now["files"]["/etc/modprobe.d/pvegpu-nvidia-uvm.conf"].endswith(
+        "options nvidia_uvm uvm_disable_hmm=1\n"
+    )
     assert f"{cpu_vendor()}_iommu=on" not in running
     return now
 
@@ -340,13 +345,23 @@ def models(host: hosts.LabHost) -> list[str]:
     return [model["id"] for model in json.loads(ssh(host, f'python3 -c "{script}"'))["data"]]
 
 
+def translation_rows(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost, report_dir: Path
+) -> list[tuple[str, str]]:
+    """(state, detail) of each `gpuN DMA translation` row of the doctor's report on `node`."""
+    monkeypatch.setenv("PVEGPU_DOCTOR_DIR", str(report_dir))
+    cli("-y", "--limit", node.name, INVENTORY, "deploy/doctor.py")
+    rows = json.loads((report_dir / f"{node.name}.json").read_text())["checks"]
+    return [(row["state"], row["detail"]) for row in rows if row["check"].endswith(" DMA translation")]
+
+
 def uvm_major(node: hosts.LabHost) -> str:
     """The stand-in's nvidia-uvm major, in stat's hex."""
     return ssh(node, "stat -c '%t' /dev/nvidia-uvm").strip()
 
 
 def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
-    pve_name: str, pyinfra_cli: Cli, monkeypatch: pytest.MonkeyPatch
+    pve_name: str, pyinfra_cli: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     node = lab_node(pve_name)
     fresh_state = fresh_vm(pyinfra_cli, monkeypatch, node)
@@ -390,12 +405,12 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
         REBOOT: "success",
     }
     host_driver_installed(baremetal)
-    assert baremetal["Serve the model with SGLang | Wait for /health and /v1/models"] == "success"
+    assert baremetal["Serve the model with SGLang | Wait for SGLang to answer"] == "success"
     bare = host_driver_state(node, uvm_major(node))
     assert pvesh(node, f"get /nodes/{pve_name}/qemu/100/config")["onboot"] == 0
     assert bare["units"] == dict.fromkeys(UNITS, "active")
     assert (
-        'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt"\n'
+        'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} iommu=pt pcie_port_pm=off"\n'
         in bare["files"]["/etc/default/grub.d/pvegpu.cfg"]
     )
     assert bare["files"]["/etc/pve/mapping/pci.cfg"] == fresh_state["files"]["/etc/pve/mapping/pci.cfg"]
@@ -409,6 +424,11 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     settled, _, _ = site(pyinfra_cli, monkeypatch, node, "baremetal")
     assert set(settled.values()) == {"no_change"}
     assert reboots(node) == 2
+    # Booted with iommu=pt: the doctor sees every GPU's DMA untranslated (the P2P hang needs translation).
+    assert (
+        translation_rows(pyinfra_cli, monkeypatch, node, tmp_path)
+        == [("ok", "passthrough (identity): the IOMMU does not translate the GPU's DMA")] * 8
+    )
 
     # baremetal -> lxc: the host's SGLang stops (the container serves); the driver stays, no reboot.
     moved, _, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
@@ -497,7 +517,7 @@ def test_switch_vm_lxc_vm_container_serves_on_the_host_driver_then_fresh_vm_stat
         "success",
         "no_change",
     )
-    assert (served[NV_VERIFY], served["Serve the model with SGLang | Wait for /health and /v1/models"]) == (
+    assert (served[NV_VERIFY], served["Serve the model with SGLang | Wait for SGLang to answer"]) == (
         "success",
         "success",
     )

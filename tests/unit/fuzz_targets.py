@@ -159,6 +159,8 @@ HOST_CHECKS = (  # HostChecks' output on an AMD host (interrupt remapping, 3 idl
     "/sys/devices/system/node/node0/cpulist:0-31,64-95",
     "/sys/devices/system/node/node1/cpulist:32-63,96-127",
     "#pvegpu:config", "0000:41:00.0 de10b12b0700100000000203",
+    "#pvegpu:iommu_types",
+    "/sys/kernel/iommu_groups/27/type:DMA-FQ", "/sys/kernel/iommu_groups/31/type:identity",
     "#pvegpu:end",
 )  # fmt: skip
 NVIDIA_NODES = (  # NvidiaDeviceNodes' output: capability nodes, then /proc/devices

@@ -35,7 +35,7 @@ RESULT = {
 
 def host_checks(interrupts: str, cpuidle: str) -> list[str]:
     return ["#pvegpu:interrupts", interrupts, "#pvegpu:cpuidle", cpuidle, "#pvegpu:numa", "#pvegpu:config",
-            "#pvegpu:end"]  # fmt: skip
+            "#pvegpu:iommu_types", "#pvegpu:end"]  # fmt: skip
 
 
 def test_error_map_entry_iommugroup_too_long_for_a_group() -> None:

@@ -66,6 +66,9 @@ def test_parse_sections() -> None:
         "/sys/devices/system/node/node0/cpulist:0-63",
         "#pvegpu:config",
         "0000:41:00.0 de10b12b",
+        "#pvegpu:iommu_types",
+        "/sys/kernel/iommu_groups/27/type:DMA-FQ",
+        "/sys/kernel/iommu_groups/31/type:identity",
         "#pvegpu:end",
     ]
     assert parse_host_checks(lines) == HostCheckData(
@@ -73,21 +76,23 @@ def test_parse_sections() -> None:
         idle_states=(IdleState(0, "POLL", False), IdleState(1, "C1", False), IdleState(2, "C2", True)),
         numa_cpulists={0: "0-63"},
         config={"0000:41:00.0": bytes.fromhex("de10b12b")},
+        group_types={27: "DMA-FQ", 31: "identity"},
     )
 
 
-def test_parse_refuses_a_garbled_config_line() -> None:
-    lines = [
-        "#pvegpu:interrupts",
-        "0",
-        "#pvegpu:cpuidle",
-        "#pvegpu:numa",
-        "#pvegpu:config",
-        "0000:41:00.0 abc",
-    ]
+@pytest.mark.parametrize(
+    ("config", "types", "message"),
+    [
+        (["0000:41:00.0 abc"], [], "line 6: expected '<address> <hex bytes>', got '0000:41:00.0 abc'"),
+        ([], ["/sys/kernel/iommu_groups/x/type:DMA"],
+         "line 7: expected .../kernel/iommu_groups/N/type:TYPE, got '/sys/kernel/iommu_groups/x/type:DMA'"),
+    ],
+)  # fmt: skip
+def test_parse_refuses_a_garbled_line(config: list[str], types: list[str], message: str) -> None:
+    lines = ["#pvegpu:interrupts", "0", "#pvegpu:cpuidle", "#pvegpu:numa", "#pvegpu:config", *config]
     with pytest.raises(FactParseError) as raised:
-        parse_host_checks([*lines, "#pvegpu:end"])
-    assert str(raised.value) == "line 6: expected '<address> <hex bytes>', got '0000:41:00.0 abc'"
+        parse_host_checks([*lines, "#pvegpu:iommu_types", *types, "#pvegpu:end"])
+    assert str(raised.value) == message
 
 
 def test_command_on_a_generated_tree(tmp_path: Path) -> None:
@@ -97,8 +102,14 @@ def test_command_on_a_generated_tree(tmp_path: Path) -> None:
         state,
         local,
         HostChecks,
-        kwargs={"sysfs_root": str(tmp_path), "addresses": ("0000:40:01.1", "0000:41:00.0")},
+        kwargs={
+            "sysfs_root": str(tmp_path),
+            "addresses": ("0000:40:01.1", "0000:41:00.0"),
+            "groups": (0, 999),
+        },
     )
+    # The generated tree's groups are translated (its `type` files say DMA-FQ); group 999 does not exist.
+    assert data.group_types == {0: "DMA-FQ"}
     assert sorted(data.config) == ["0000:40:01.1", "0000:41:00.0"]
     assert len(data.config["0000:41:00.0"]) == 64
     assert data.config["0000:41:00.0"][:4] == bytes.fromhex("de10b12b")  # 10de:2bb1, little-endian
@@ -145,3 +156,36 @@ def test_acs_off_and_no_iommu() -> None:
     )
     assert rows[1] == Check("interrupt remapping", "warn", "off: no IR- interrupt chip in /proc/interrupts")
     assert Check("gpu0 ACS at 0000:40:01.1", "ok", "ACS off") in rows
+
+
+@pytest.mark.parametrize(
+    ("group_type", "port_acs", "expected"),
+    [
+        ("identity", ACS_ON,
+         ("ok", "passthrough (identity): the IOMMU does not translate the GPU's DMA")),
+        ("DMA-FQ", ACS_ON,
+         ("warn", "translated (DMA-FQ) with ACS redirect at 0000:40:01.1: NCCL's P2P hangs in this "
+          "combination; reboot into pvegpu's iommu=pt or turn ACS off in the BIOS, else set "
+          "NCCL_P2P_DISABLE=1")),
+        ("DMA", ACS_OFF,
+         ("warn", "translated (DMA): P2P DMA goes through the IOMMU; reboot into pvegpu's iommu=pt")),
+        ("blocked", ACS_OFF, ("unknown", "IOMMU group type 'blocked'")),
+        (None, ACS_ON, ("unknown", "its IOMMU group's type was not readable")),
+    ],
+)  # fmt: skip
+def test_dma_translation_rows_on_the_host_p2p_profiles(
+    group_type: str | None, port_acs: tuple[int, bytes], expected: tuple[str, str]
+) -> None:
+    cards = two_cards()
+    hw = HostHardware(tuple(cards.functions), iommu_present=True)
+    topology = plan_topology(hw, GpuSelector(ids=("10de:2bb1",)))
+    gpu0 = hw.by_address[topology.gpus[0].gpu_function]
+    assert gpu0.iommu_group is not None
+    assert gpu0.parents == ("0000:40:01.1",)
+    types = {} if group_type is None else {gpu0.iommu_group: group_type}
+    data = HostCheckData(0, (), {}, {"0000:40:01.1": config_with(AER, port_acs)}, types)
+    for profile in ("lxc", "baremetal"):
+        rows = {row.check: row for row in host_checks(hw, topology, data, profile)}
+        assert rows["gpu0 DMA translation"] == Check("gpu0 DMA translation", *expected)
+    # On `vm` the GPUs are vfio-pci's: no P2P on the host, no such row.
+    assert "gpu0 DMA translation" not in {row.check for row in host_checks(hw, topology, data, "vm")}

@@ -247,3 +247,47 @@ def test_no_temporary_file_no_probe(tmp_path: Path) -> None:
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True, env=env)
     assert "#pvegpu:probe" in done.stdout
     assert parse_state(done.stdout.splitlines()).probe is None
+
+
+class _Follower(BaseHTTPRequestHandler):
+    """A rank >= 1 of SGLang 0.5.23: its health-only server (no /v1/models)."""
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_follower_probe_asks_its_own_health_then_rank_0s() -> None:
+    """Rank >= 1 (`leader_url` set): ready when its health server and rank 0's /health answer; rank 0 down
+    is named as such; /v1/models is never asked (the health server has none)."""
+    own = ThreadingHTTPServer(("127.0.0.1", 0), _Follower)
+    leader = ThreadingHTTPServer(("127.0.0.1", 0), _Sglang)
+    for server in (own, leader):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    own_url, leader_url = (f"http://127.0.0.1:{server.server_address[1]}" for server in (own, leader))
+    try:
+        verdicts = []
+        for target in (
+            ProbeTarget(sys.executable, own_url, None, leader_url),
+            ProbeTarget(sys.executable, own_url, None, "http://127.0.0.1:9"),
+            ProbeTarget(sys.executable, "http://127.0.0.1:9", None, leader_url),
+        ):
+            fact = HostRead()
+            done = subprocess.run(
+                ["sh", "-c", fact.command(StateRequest(probe=target))],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            verdicts.append(fact.process(done.stdout.splitlines()).probe)
+    finally:
+        own.shutdown()
+        leader.shutdown()
+    assert verdicts == [
+        Probe(True, f"rank 0 at {leader_url} answers"),
+        Probe(False, "rank 0 at http://127.0.0.1:9: <urlopen error [Errno 111] Connection refused>"),
+        Probe(False, "<urlopen error [Errno 111] Connection refused>"),
+    ]

@@ -38,10 +38,17 @@ RUNNING = ("BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve", "root=/dev/mapper/pve-root",
     ("profile", "expected"),
     [
         ("vm", HostProfile("vm", ("amd_iommu=on", "iommu=pt", "pcie_aspm=off"), vfio=True, vm_running=True)),
-        ("lxc", HostProfile("lxc", ("iommu=pt", "pcie_aspm=off"), vfio=False, vm_running=False)),
+        (
+            "lxc",
+            HostProfile(
+                "lxc", ("iommu=pt", "pcie_port_pm=off", "pcie_aspm=off"), vfio=False, vm_running=False
+            ),
+        ),
         (
             "baremetal",
-            HostProfile("baremetal", ("iommu=pt", "pcie_aspm=off"), vfio=False, vm_running=False),
+            HostProfile(
+                "baremetal", ("iommu=pt", "pcie_port_pm=off", "pcie_aspm=off"), vfio=False, vm_running=False
+            ),
         ),
     ],
 )

@@ -160,3 +160,19 @@ def test_fresh_device_nodes_and_the_settings_version_file(tmp_path: Path) -> Non
     assert reboot.version_file(env) == Path("/opt/fakeproc/driver/nvidia/version")  # no settings: the default
     env.write_text("# lab\nSYSFS_ROOT=/opt/fakesys\nVERSION_FILE=/opt/other/version\n")
     assert reboot.version_file(env) == Path("/opt/other/version")
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "expected"),
+    [
+        ("BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet", "DMA-FQ"),
+        ("BOOT_IMAGE=/vmlinuz amd_iommu=on iommu=pt", "identity"),
+        ("BOOT_IMAGE=/vmlinuz iommu.passthrough=1", "identity"),
+        ("BOOT_IMAGE=/vmlinuz iommu.strict=1", "DMA"),
+    ],
+)
+def test_boot_sets_every_groups_default_domain_type(tmp_path: Path, cmdline: str, expected: str) -> None:
+    fakesys.write_tree(tmp_path, "reference")
+    reboot.boot_domain_types(tmp_path, cmdline)
+    types = {path.read_text() for path in tmp_path.glob("kernel/iommu_groups/*/type")}
+    assert types == {expected + "\n"}

@@ -4,7 +4,9 @@ health, models and chat with SGLang's key rules; the stand-in nvidia-smi reports
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -140,4 +142,62 @@ def test_nvidia_smi_standin_lists_the_trees_gpus(
     assert nvidia_smi.main(["-L"]) == 18
     assert capsys.readouterr().out == (
         "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 590.48.01\n"
+    )
+
+
+def test_standin_ranks_meet_before_they_serve(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 returns from the rendezvous only once ranks 1 and 2 have joined; each follower once rank 0
+    took it (it retries while rank 0 is not listening yet)."""
+    left: list[int] = []
+    monkeypatch.setattr(sglang_serve, "_leave_with_rank_0", lambda _, rank: left.append(rank))  # no os._exit
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    addr = f"127.0.0.1:{port}"
+    done: dict[int, float] = {}
+
+    def rank(number: int) -> None:
+        sglang_serve.join_nodes(addr, 3, number)
+        done[number] = time.monotonic()
+
+    followers = [threading.Thread(target=rank, args=(number,), daemon=True) for number in (1, 2)]
+    followers[0].start()
+    time.sleep(0.7)  # rank 1 retries against nothing
+    leader = threading.Thread(target=rank, args=(0,), daemon=True)
+    leader.start()
+    leader.join(3)
+    assert sorted(done) == [1]  # rank 0 still waits for rank 2
+    followers[1].start()
+    for thread in (leader, followers[1]):
+        thread.join(5)
+    assert sorted(done) == [0, 1, 2]
+    assert done[0] >= done[1]
+    out = capsys.readouterr().out
+    assert f"sglang STAND-IN (pvegpu lab): rank 0 waits for 2 ranks at {addr}\n" in out
+    assert f"sglang STAND-IN (pvegpu lab): rank 2 joined rank 0 at {addr}\n" in out
+    assert sorted(left) == [1, 2]  # each follower watches its connection to rank 0
+
+
+@pytest.mark.parametrize("metrics", [False, True])
+def test_standin_follower_serves_health_only(metrics: bool) -> None:
+    """A rank >= 1 answers SGLang 0.5.23's health server routes and nothing of the API."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), sglang_serve.health_handler(metrics))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        answers = {path: get(url + path) for path in ("/health", "/ping", "/health_generate", "/v1/models")}
+        metrics_answer = get(url + "/metrics")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert answers == {
+        "/health": (200, ""),
+        "/ping": (200, ""),
+        "/health_generate": (200, ""),
+        "/v1/models": (404, '{"detail":"Not Found"}'),
+    }
+    assert metrics_answer == (
+        (200, "# pvegpu lab STAND-IN\nsglang_stand_in 1\n") if metrics else (404, '{"detail":"Not Found"}')
     )

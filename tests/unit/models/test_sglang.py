@@ -100,6 +100,14 @@ def test_is_loopback(host: str, loopback: bool) -> None:
 def test_multi_node() -> None:
     spec = SglangSpec(nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
     assert (spec.nnodes, spec.node_rank, spec.dist_init_addr) == (2, 1, "10.0.0.1:5000")
+    # Rank 0 listens where the others reach it: dist_init_addr's host, or every address.
+    for host in ("10.0.0.1", "0.0.0.0"):
+        leader = SglangSpec(nnodes=2, host=host, api_key_file="/k", dist_init_addr="10.0.0.1:5000")
+        assert leader.host == host
+    assert (
+        SglangSpec(nnodes=2, host="fd00::1", api_key_file="/k", dist_init_addr="[fd00::1]:5000").node_rank
+        == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,6 +123,12 @@ def test_multi_node() -> None:
         ({"dist_init_addr": "10.0.0.1:5000"},
          "h: sglang.dist_init_addr: is only used when nnodes is more than 1"),
         ({"nnodes": 2, "dist_init_addr": "nohost"}, "h: sglang.dist_init_addr: 'nohost' is not host:port"),
+        ({"nnodes": 2, "dist_init_addr": "10.0.0.1:5000"},
+         "h: sglang: host '127.0.0.1': rank 0 of 2 nodes must listen where the other ranks reach its "
+         "/health: on dist_init_addr's host 10.0.0.1 or 0.0.0.0 / ::"),
+        ({"nnodes": 2, "dist_init_addr": "[fd00::1]:5000", "host": "fd00::2", "api_key_file": "/k"},
+         "h: sglang: host 'fd00::2': rank 0 of 2 nodes must listen where the other ranks reach its "
+         "/health: on dist_init_addr's host [fd00::1] or 0.0.0.0 / ::"),
         ({"env": {"A B": "1"}}, "h: sglang.env: 'A B' is not an environment variable name"),
         ({"env": {"NCCL_ALGO": "$X"}},
          "h: sglang.env: NCCL_ALGO: '$X' may not hold whitespace, control characters, quotes, backslashes "

@@ -32,8 +32,12 @@ def test_desired_tokens_vm(vendor: str, extra: tuple[str, ...], expected: tuple[
 
 @pytest.mark.parametrize("profile", ["lxc", "baremetal"])
 @pytest.mark.parametrize("vendor", ["amd", "intel", None])
-def test_desired_tokens_host_driver_profiles_keep_only_iommu_pt(profile: str, vendor: str | None) -> None:
-    assert desired_tokens(profile, vendor, ("pcie_aspm=off", "iommu=pt")) == ("iommu=pt", "pcie_aspm=off")
+def test_desired_tokens_host_driver_profiles_pt_and_port_pm_off(profile: str, vendor: str | None) -> None:
+    assert desired_tokens(profile, vendor, ("pcie_aspm=off", "iommu=pt", "pcie_port_pm=off")) == (
+        "iommu=pt",
+        "pcie_port_pm=off",
+        "pcie_aspm=off",
+    )
 
 
 @pytest.mark.parametrize(
@@ -100,14 +104,20 @@ def test_owned_token_a_user_deleted_is_added_again() -> None:
 
 
 def test_switch_to_baremetal_and_back_gives_the_fresh_line() -> None:
-    # vm -> baremetal drops amd_iommu=on (pvegpu's), keeps iommu=pt; back to vm gives a fresh deploy's line.
-    fresh = edit_cmdline(FRESH, (), ("amd_iommu=on", "iommu=pt"))
-    baremetal = edit_cmdline(fresh.tokens, fresh.owned, ("iommu=pt",))
+    # vm -> baremetal drops amd_iommu=on (pvegpu's), keeps iommu=pt, adds pcie_port_pm=off; back to vm drops
+    # it and gives a fresh deploy's line.
+    fresh = edit_cmdline(FRESH, (), desired_tokens("vm", "amd", ()))
+    baremetal = edit_cmdline(fresh.tokens, fresh.owned, desired_tokens("baremetal", "amd", ()))
     assert baremetal == CmdlineEdit(
-        tokens=(*FRESH, "iommu=pt"), owned=("iommu=pt",), added=(), removed=("amd_iommu=on",)
+        tokens=(*FRESH, "iommu=pt", "pcie_port_pm=off"),
+        owned=("iommu=pt", "pcie_port_pm=off"),
+        added=("pcie_port_pm=off",),
+        removed=("amd_iommu=on",),
     )
-    back = edit_cmdline(baremetal.tokens, baremetal.owned, ("amd_iommu=on", "iommu=pt"))
-    assert back == CmdlineEdit(tokens=fresh.tokens, owned=fresh.owned, added=("amd_iommu=on",), removed=())
+    back = edit_cmdline(baremetal.tokens, baremetal.owned, desired_tokens("vm", "amd", ()))
+    assert back == CmdlineEdit(
+        tokens=fresh.tokens, owned=fresh.owned, added=("amd_iommu=on",), removed=("pcie_port_pm=off",)
+    )
 
 
 RUNNING = (r"initrd=\EFI\proxmox\6.8.12-4-pve\initrd.img-6.8.12-4-pve", *FRESH, "amd_iommu=on", "iommu=pt")

@@ -117,7 +117,7 @@ def test_error_vm_profile_refuses_p2p_options(extra: tuple[str, ...], problem: s
 
 
 def test_multi_node_layout_counts_every_node() -> None:
-    spec = SglangSpec(tp_size=8, pp_size=2, nnodes=2, dist_init_addr="10.0.0.1:5000")
+    spec = SglangSpec(tp_size=8, pp_size=2, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:5000")
     assert check_layout(spec, 8) == ()
     assert check_layout(spec.model_copy(update={"pp_size": 1}), 8) == (
         "sglang.tp_size, sglang.pp_size: tp_size 8 x pp_size 1 = 8 GPUs, "

@@ -1,6 +1,7 @@
-"""nccl_doctor: the read-only NCCL report of a serving host (deploy/doctor.py): the transports the running
-SGLang service uses, checked against the profile; on a VM guest also what NCCL logged with and without its
-topology file (`NCCL_TOPO_FILE`), read from the service's journal (why there: `pvegpu.facts.nccl_journal`).
+"""nccl_doctor: the read-only NCCL report of a serving host (deploy/doctor.py): the NCCL profile in force,
+the transports the running SGLang service uses, checked against it; on a VM guest also what NCCL logged with
+and without its topology file (`NCCL_TOPO_FILE`), read from the service's journal (why there:
+`pvegpu.facts.nccl_journal`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,29 @@ from pyinfra.context import host
 from pvegpu.facts.nccl_journal import topology_file_report
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclRuns
 from pvegpu.models.nccl import summarize
+from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl_transports import check_transports
 from pvegpu.plan.sglang_service import SERVICE
 from pvegpu.run.plan import plan_of
+from pvegpu.run.serving import serving_nccl
 
 
 @deploy("Report the NCCL transports SGLang uses")
 def nccl_transports() -> None:
-    """Read-only: the transport per rank pair from the running service's NCCL log, and a warning for each pair
-    that contradicts the node's profile (vm: SHM only; lxc/baremetal: P2P). On a VM guest, first the latest
+    """Read-only: the NCCL profile in force (the plan the sglang role writes, pvegpu.run.serving), the
+    transport per rank pair from the running service's NCCL log, and a warning for each pair that
+    contradicts that plan (vm: SHM unless P2P is proven; lxc/baremetal: P2P). On a VM guest, first the latest
     run with the topology file and the latest without it, each with what NCCL said of the file and its
     transports: the runs the operator compares (README, "measure each step")."""
     plan = plan_of(host)
     node, single_node = plan.specs.node, plan.specs.sglang.nnodes == 1
+    try:
+        serving = serving_nccl(host)
+    except PlanError as error:
+        logger.warning(f"{host.print_prefix}NCCL plan: {error}")
+        serving = None
+    if serving is not None:
+        logger.info(f"{host.print_prefix}{serving.describe(node.profile)}")
     if node.profile == "vm":
         for block in topology_file_report(host.get_fact(SglangNcclRuns)):
             logger.info(f"{host.print_prefix}{block}")
@@ -32,5 +43,6 @@ def nccl_transports() -> None:
     pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
     if pairs:
         logger.info(f"{host.print_prefix}NCCL transports of {SERVICE} (profile {node.profile}):\n{pairs}")
-    for warning in check_transports(node.profile, records, single_node=single_node):
+    p2p = None if serving is None else serving.p2p
+    for warning in check_transports(node.profile, records, single_node=single_node, p2p=p2p):
         logger.warning(f"{host.print_prefix}{warning}")

@@ -13,22 +13,18 @@ service keeps running). The keys reach SGLang through systemd credentials and a 
 
 from __future__ import annotations
 
-from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.from_state import directory, file_content, packages, service, system_group, system_user
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.nccl import conf_file_problems, has_infiniband, plan_nccl
-from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
-from pvegpu.plan.p2p import guest_uses_p2p
+from pvegpu.plan.nccl import conf_file_problems
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
 from pvegpu.plan.sglang_service import (
     ENV_FILE,
@@ -41,8 +37,9 @@ from pvegpu.plan.sglang_service import (
     key_file_problems,
     probe_target,
 )
-from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, nccl_conf_files, node_p2p, sglang_home, state_of
-from pvegpu.run.plan import node_host_of, plan_failures, plan_of
+from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, nccl_conf_files, sglang_home, state_of
+from pvegpu.run.plan import plan_failures, plan_of
+from pvegpu.run.serving import serving_nccl
 
 _P2P_NOTE = (
     "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
@@ -61,17 +58,10 @@ PROFILE_NOTES = {
 def sglang() -> None:
     """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
     plan = plan_of(host)
-    node, spec, hardware, topology = plan.specs.node, plan.specs.sglang, plan.hardware, plan.topology
+    node, spec, topology = plan.specs.node, plan.specs.sglang, plan.topology
     with plan_failures(host):
-        topo = _guest_nccl_topo() if node.profile == "vm" else None
-        nccl = plan_nccl(
-            node.profile,
-            topology,
-            infiniband=has_infiniband(hardware),
-            overrides=spec.env,
-            topo_file=TOPO_FILE if topo is not None else None,
-            p2p=node.profile == "vm" and _guest_p2p(),
-        )
+        serving = serving_nccl(host)
+        nccl, topo = serving.plan, serving.topo
         argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
         state = state_of(host)
         problems = (
@@ -179,34 +169,3 @@ def sglang() -> None:
         timeout_s=spec.start_timeout_s,
         starting=any(op.will_change for op in (started, *changes)),
     )
-
-
-def _guest_nccl_topo() -> NcclTopo | None:
-    """This VM guest's NCCL topology file, planned from its node's plan and its own PCI tree; None, with an
-    info line, for a guest whose node is not in this run's inventory (`guest_of` unset: a guest listed by
-    hand; or an inventory of guests only). PlanError when its GPUs do not map to the node's cards.
-
-    The node is read through pyinfra's inventory (its plan, from the node's one state read over its own
-    connection, pvegpu/run/node_state.py): one plan per host, and the file a compared write in the guest.
-    """
-    node_host = node_host_of(host)
-    if node_host is None:
-        logger.info(
-            f"{host.print_prefix}no NCCL topology file: its node is not in this run's inventory "
-            f"({GUEST_OF_KEY}: {host.data.get(GUEST_OF_KEY)}); NCCL sees the VM's flat PCI tree"
-        )
-        return None
-    node_plan = plan_of(node_host)
-    guest_hardware = plan_of(host).hardware
-    return plan_nccl_topo(node_plan.topology, node_plan.hardware, guest_hardware, node_plan.cpu_vendor)
-
-
-def _guest_p2p() -> bool:
-    """Whether this VM guest's NCCL plan uses P2P (pvegpu/plan/p2p.py `guest_uses_p2p`): its node's `vm.p2p`
-    (the node in this run's inventory; else SHM) and the probe's record in the guest (in its state read)."""
-    mode = node_p2p(host)
-    if mode is None or mode == "off":
-        return False
-    uses = guest_uses_p2p(mode, state_of(host).p2p_record)
-    logger.info(f"{host.print_prefix}vm.p2p {mode}: NCCL plan {'P2P' if uses else 'SHM'}")
-    return uses

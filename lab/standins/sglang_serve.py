@@ -25,8 +25,8 @@ real one blanks watermark keys only; the stand-in has none, so it returns the in
 With `--nnodes` > 1 the ranks first meet at `--dist-init-addr` (`join_nodes`: rank 0 serves only once
 every rank has joined); a rank >= 1 then serves only SGLang's health server (`health_handler`), as 0.5.23
 does. With NCCL_DEBUG=INFO it logs the NCCL channel lines the real server would, with the transport the flags
-imply (SHM when --enable-p2p-check says P2P is unavailable, P2P/CUMEM otherwise), so pvegpu's doctor
-has something to read.
+imply (SHM with NCCL_P2P_DISABLE=1, P2P/CUMEM otherwise: it has no GPUs whose peer access it could ask),
+so pvegpu's doctor has something to read.
 """
 
 from __future__ import annotations
@@ -199,7 +199,8 @@ def log_nccl_channels(values: dict[str, list[str]]) -> None:
     if os.environ.get("NCCL_DEBUG") != "INFO":
         return
     ranks = int(_one(values, "tp_size", "1"))
-    via = "SHM/direct" if "enable_p2p_check" in values else "P2P/CUMEM/read"
+    # NCCL's own switch (src/graph/paths.cc ncclGetLevel reads NCCL_P2P_DISABLE): no GPUs here to ask.
+    via = "SHM/direct" if os.environ.get("NCCL_P2P_DISABLE") == "1" else "P2P/CUMEM/read"
     print("NCCL INFO NCCL version 2.30.7+cuda13.0 (pvegpu lab STAND-IN)", flush=True)
     topo_file = os.environ.get("NCCL_TOPO_FILE")
     if topo_file is not None:  # NCCL's ENV lines (src/graph/topo.cc, xml.cc)

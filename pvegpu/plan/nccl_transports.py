@@ -1,5 +1,5 @@
-"""What NCCL's transports say against the profile: `check_transports` warns where they contradict it
-(`vm`: SHM only, P2P is not supported; `lxc` and `baremetal`: P2P)."""
+"""What NCCL's transports say against the NCCL plan in force: `check_transports` warns where they contradict
+it (`vm`: SHM, P2P is not supported, unless P2P is proven; `lxc` and `baremetal`: P2P)."""
 
 from __future__ import annotations
 
@@ -19,16 +19,26 @@ def check_transports(
     records: Sequence[ChannelTransport],
     *,
     single_node: bool = True,
+    p2p: bool | None = None,
 ) -> tuple[str, ...]:
-    """Warnings where the transports contradict `profile` (`vm`, `lxc`, `baremetal`); () when they agree.
+    """Warnings where the transports contradict the plan of `profile` (`vm`, `lxc`, `baremetal`); () when
+    they agree.
 
-    `vm` expects SHM: P2P there means P2P was forced (it hangs or corrupts data). `lxc`/`baremetal`
-    expect P2P: SHM means NCCL_P2P_LEVEL, ACS or the IOMMU kept P2P off. With `single_node`, NET between
-    ranks means SHM was disabled. No records at all is a warning too: the log says nothing.
+    `p2p`: whether the plan uses P2P (pvegpu.run.serving; default: not on `vm`, yes elsewhere). Without P2P
+    (`vm`) SHM is expected: P2P there means P2P was forced (it hangs or corrupts data). With P2P, SHM means
+    NCCL_P2P_LEVEL, ACS or the IOMMU kept P2P off (on a VM whose P2P was proven: the clique or the driver).
+    With `single_node`, NET between ranks means SHM was disabled. No records at all is a warning too: the log
+    says nothing.
     """
     if not records:
         return ("no NCCL channel lines found: set NCCL_DEBUG=INFO and restart the service to see transports",)
-    expected = Transport.SHM if profile == "vm" else Transport.P2P
+    with_p2p = profile != "vm" if p2p is None else p2p
+    expected = Transport.P2P if with_p2p else Transport.SHM
+    plan = (
+        f"the {profile} profile"
+        if with_p2p == (profile != "vm")
+        else f"the {profile} profile with P2P proven"
+    )
     warnings = []
     for pair in summarize(records):
         unexpected = [
@@ -36,17 +46,23 @@ def check_transports(
         ]
         if not unexpected:
             continue
-        why = _WHY[(profile == "vm", unexpected[0])]
-        warnings.append(f"{pair.describe()}; the {profile} profile expects {expected.value}: {why}")
+        why = _WHY[(profile == "vm", with_p2p, unexpected[0])]
+        warnings.append(f"{pair.describe()}; {plan} expects {expected.value}: {why}")
     return tuple(warnings)
 
 
+_OFF = "P2P is off; check NCCL_P2P_LEVEL, `nvidia-smi topo -p2p r`, ACS and iommu=pt"
+# (a VM, the plan uses P2P, the transport found) -> why it contradicts the plan.
 _WHY = {
-    (
-        True,
-        Transport.P2P,
-    ): "P2P is not supported between passed-through GPUs and forcing it hangs or corrupts data",
-    (False, Transport.SHM): "P2P is off; check NCCL_P2P_LEVEL, `nvidia-smi topo -p2p r`, ACS and iommu=pt",
-    (True, Transport.NET): "GPUs of one node talk over the network: is NCCL_SHM_DISABLE set?",
-    (False, Transport.NET): "GPUs of one node talk over the network: P2P and SHM are both off",
+    (True, False, Transport.P2P): (
+        "P2P is not supported between passed-through GPUs and forcing it hangs or corrupts data"
+    ),
+    (True, True, Transport.SHM): (
+        "the VM's P2P was proven but NCCL did not use it; check NCCL_P2P_DISABLE and the GPUDirect clique "
+        "in the VM's args"
+    ),
+    (False, True, Transport.SHM): _OFF,
+    (True, False, Transport.NET): "GPUs of one node talk over the network: is NCCL_SHM_DISABLE set?",
+    (True, True, Transport.NET): "GPUs of one node talk over the network: P2P and SHM are both off",
+    (False, True, Transport.NET): "GPUs of one node talk over the network: P2P and SHM are both off",
 }

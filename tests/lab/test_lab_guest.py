@@ -145,6 +145,10 @@ def test_vm_env_file_never_enables_p2p_and_says_why(
     doctor = pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "tests/lab/deploys/guest_doctor.py")
     assert "  ranks 0 -> 1: SHM/direct (1 channel)\n" in doctor.stderr
     assert "profile expects" not in doctor.stderr
+    assert (
+        f"[{guest.name}] NCCL profile SHM (profile vm: no P2P between passed-through GPUs): "
+        f"{' '.join(settings)} --enable-p2p-check --disable-custom-all-reduce\n"
+    ) in doctor.stderr
 
 
 def test_error_bad_data_stops_before_connecting(

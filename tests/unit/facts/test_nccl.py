@@ -147,6 +147,18 @@ def test_synthesized_formats(detail: str, transport: Transport) -> None:
 def test_vm_with_shm_only_is_quiet() -> None:
     lines = [f"NCCL INFO Channel {channel:02d} : 0[0] -> 1[1] via SHM/direct" for channel in range(2)]
     assert check_transports("vm", parse_transports(lines)) == ()
+    assert check_transports("vm", parse_transports(lines), p2p=False) == ()
+
+
+def test_vm_with_p2p_proven_expects_p2p() -> None:
+    """A VM whose P2P probe passed (or vm.p2p: on) has the P2P plan: P2P is what it expects, SHM a warning."""
+    p2p = parse_transports(["NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"])
+    shm = parse_transports(["NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct"])
+    assert check_transports("vm", p2p, p2p=True) == ()
+    assert check_transports("vm", shm, p2p=True) == (
+        "ranks 1 -> 0: SHM/direct (1 channel); the vm profile with P2P proven expects P2P: the VM's P2P was "
+        "proven but NCCL did not use it; check NCCL_P2P_DISABLE and the GPUDirect clique in the VM's args",
+    )
 
 
 def test_noop_other_lines_and_empty_input() -> None:

@@ -37,8 +37,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_VALUE = re.compile(r"[^\s\x00-\x1f\x7f\"'\\$]*")
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>\d{1,5})")
 _HOST = re.compile(r"[A-Za-z0-9.:-]+")
-# Listen addresses that take every interface.
-WILDCARDS = ("0.0.0.0", "::")
+# Each wildcard listen address, and the loopback a probe on the same host connects to instead.
+WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
 
 
 def _choice_of(flag: str) -> Callable[[str | None], str | None]:
@@ -379,12 +379,17 @@ class SglangSpec(BaseModel):
             raise ValueError("is only used when nnodes is more than 1")
         return addr
 
+    @property
+    def dist_init_host(self) -> str:
+        """dist_init_addr's host (as written: an IPv6 address keeps its brackets); '' without one."""
+        return (self.dist_init_addr or "").rpartition(":")[0]
+
     @model_validator(mode="after")
     def _leader_reachable(self) -> SglangSpec:
         # The other ranks' readiness asks rank 0's /health at dist_init_addr's host (plan/sglang_service.py).
         if self.nnodes == 1 or self.node_rank != 0 or self.dist_init_addr is None:
             return self
-        leader = self.dist_init_addr.rpartition(":")[0]
+        leader = self.dist_init_host
         if self.host not in WILDCARDS and self.host.strip("[]") != leader.strip("[]"):
             raise ValueError(
                 f"host {shown(self.host)}: rank 0 of {self.nnodes} nodes must listen where the other ranks "

@@ -25,6 +25,8 @@ IOMMU_PASSTHROUGH = "iommu=pt"
 # `lxc`, `baremetal`: PCIe ports kept out of runtime power management (the kernel's pcie_port_pm=off).
 PORT_PM_OFF = "pcie_port_pm=off"
 PROFILES = ("vm", "lxc", "baremetal")
+# The profiles whose GPUs talk P2P on the host that owns them (the host driver; a VM's cannot).
+HOST_P2P_PROFILES = ("lxc", "baremetal")
 
 
 def desired_tokens(profile: str, cpu_vendor: str | None, extra: Sequence[str]) -> tuple[str, ...]:
@@ -35,7 +37,7 @@ def desired_tokens(profile: str, cpu_vendor: str | None, extra: Sequence[str]) -
     """
     if profile not in PROFILES:
         raise PlanError(f"node.profile: {profile!r} is not one of {', '.join(PROFILES)}")
-    if profile != "vm":
+    if profile in HOST_P2P_PROFILES:
         tokens = [IOMMU_PASSTHROUGH, PORT_PM_OFF]
         tokens.extend(token for token in extra if token not in tokens)
         return tuple(tokens)

@@ -25,6 +25,7 @@ from typing import Literal
 
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.errors import PlanError
 
 NVIDIA = "10de"
@@ -49,7 +50,6 @@ NOUVEAU_DROP_IN = "/etc/modprobe.d/pvegpu-nouveau.conf"
 # nvidia_uvm without HMM on the profiles that serve with P2P on the host (lxc, baremetal): NCCL's P2P hangs
 # on this GPU otherwise (../shared/knowledge/serving-recipe-glm5-sm120.md, local-inference-lab/rtx6kpro #15).
 UVM_OPTIONS = "/etc/modprobe.d/pvegpu-nvidia-uvm.conf"
-HOST_P2P_PROFILES = ("lxc", "baremetal")
 PREFERENCES = "/etc/apt/preferences.d/pvegpu-nvidia"
 PERSISTENCED = "nvidia-persistenced.service"
 # Never installed in a container: the module is the host's (Pin-Priority -1 in its apt preferences).

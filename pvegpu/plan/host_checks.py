@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from pvegpu.models.hardware import Bar, HostHardware
 from pvegpu.models.host_checks import HostCheckData
-from pvegpu.plan.driver import HOST_P2P_PROFILES
+from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.topology import Topology
 
 FOUR_GIB = 1 << 32

@@ -34,11 +34,10 @@ def check_transports(
         return ("no NCCL channel lines found: set NCCL_DEBUG=INFO and restart the service to see transports",)
     with_p2p = profile != "vm" if p2p is None else p2p
     expected = Transport.P2P if with_p2p else Transport.SHM
-    plan = (
-        f"the {profile} profile"
-        if with_p2p == (profile != "vm")
-        else f"the {profile} profile with P2P proven"
-    )
+    if with_p2p == (profile != "vm"):
+        plan = f"the {profile} profile"
+    else:
+        plan = f"the {profile} profile " + ("with P2P proven" if with_p2p else "without P2P")
     warnings = []
     for pair in summarize(records):
         unexpected = [
@@ -62,7 +61,9 @@ _WHY = {
         "in the VM's args"
     ),
     (False, True, Transport.SHM): _OFF,
+    (False, False, Transport.P2P): "the plan keeps P2P off but NCCL used it: is NCCL_P2P_DISABLE=1 set?",
     (True, False, Transport.NET): "GPUs of one node talk over the network: is NCCL_SHM_DISABLE set?",
     (True, True, Transport.NET): "GPUs of one node talk over the network: P2P and SHM are both off",
     (False, True, Transport.NET): "GPUs of one node talk over the network: P2P and SHM are both off",
+    (False, False, Transport.NET): "GPUs of one node talk over the network: is NCCL_SHM_DISABLE set?",
 }

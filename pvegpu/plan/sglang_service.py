@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 
 from pvegpu.models.secret_file import SecretFile, secret_file_problems
-from pvegpu.models.sglang import ProbeTarget, SglangSpec
+from pvegpu.models.sglang import WILDCARDS, ProbeTarget, SglangSpec
 from pvegpu.plan.sglang import secret_options
 
 ENV_FILE = "/etc/pvegpu/sglang.env"
@@ -80,8 +80,7 @@ def key_file_problems(spec: SglangSpec, observed: dict[str, SecretFile]) -> tupl
 
 def probe_host(listen: str) -> str:
     """Where the readiness probe connects: loopback for a wildcard address, else the address itself."""
-    wildcard = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
-    return wildcard.get(listen, f"[{listen}]" if ":" in listen else listen)
+    return WILDCARDS.get(listen, f"[{listen}]" if ":" in listen else listen)
 
 
 def probe_target(spec: SglangSpec) -> ProbeTarget:
@@ -94,5 +93,4 @@ def probe_target(spec: SglangSpec) -> ProbeTarget:
     base_url = f"http://{probe_host(spec.host)}:{spec.port}"
     if spec.nnodes == 1 or spec.node_rank == 0 or spec.dist_init_addr is None:
         return ProbeTarget(f"{spec.venv}/bin/python", base_url, spec.api_key_file)
-    leader = spec.dist_init_addr.rpartition(":")[0]
-    return ProbeTarget(f"{spec.venv}/bin/python", base_url, None, f"http://{leader}:{spec.port}")
+    return ProbeTarget(f"{spec.venv}/bin/python", base_url, None, f"http://{spec.dist_init_host}:{spec.port}")

@@ -299,6 +299,14 @@ def fresh_vm(cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost) -> 
     return fresh_state
 
 
+UVM_DROP_IN = (
+    "# Managed by pvegpu (role nvidia_driver, profiles lxc and baremetal): GPU peer-to-peer on the host "
+    "hangs NCCL\n"
+    "# on Blackwell workstation GPUs while nvidia_uvm runs with heterogeneous memory management (HMM).\n"
+    "options nvidia_uvm uvm_disable_hmm=1\n"
+)
+
+
 def host_driver_installed(outcome: dict[str, str]) -> None:
     """The `pve-host` driver steps of a first `lxc` / `baremetal` run."""
     assert outcome[NV_PACKAGES] == "success"
@@ -327,9 +335,7 @@ def host_driver_state(node: hosts.LabHost, uvm: str) -> dict[str, Any]:
     assert now["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] is None
     running = now["running"].split()
     assert ("iommu=pt" in running, "pcie_port_pm=off" in running) == (True, True)
-    assert now["files"]["/etc/modprobe.d/pvegpu-nvidia-uvm.conf"].endswith(
-        "options nvidia_uvm uvm_disable_hmm=1\n"
-    )
+    assert now["files"]["/etc/modprobe.d/pvegpu-nvidia-uvm.conf"] == UVM_DROP_IN
     assert f"{cpu_vendor()}_iommu=on" not in running
     return now
 

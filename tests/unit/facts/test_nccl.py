@@ -161,6 +161,20 @@ def test_vm_with_p2p_proven_expects_p2p() -> None:
     )
 
 
+def test_host_profile_without_p2p_expects_shm() -> None:
+    """Every (profile, plan, transport) has its reason: a host-P2P profile whose plan keeps P2P off."""
+    p2p = parse_transports(["NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"])
+    net = parse_transports(["NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/Socket/0"])
+    assert check_transports("lxc", p2p, p2p=False) == (
+        "ranks 0 -> 1: P2P/CUMEM/read (1 channel); the lxc profile without P2P expects SHM: the plan keeps "
+        "P2P off but NCCL used it: is NCCL_P2P_DISABLE=1 set?",
+    )
+    assert check_transports("baremetal", net, p2p=False) == (
+        "ranks 0 -> 1: NET/Socket/0 (1 channel); the baremetal profile without P2P expects SHM: GPUs of one "
+        "node talk over the network: is NCCL_SHM_DISABLE set?",
+    )
+
+
 def test_noop_other_lines_and_empty_input() -> None:
     assert parse_transports([]) == ()
     assert (

@@ -93,7 +93,11 @@ def _is_container(host: LabHost) -> bool:
 # Guests get their driver and SGLang from the stand-in apt repository and wheel copied into them.
 GUEST_DATA: dict[str, Any] = {
     "driver": {"repository": guest_payload.REPOSITORY_URL, "version_file": guest_payload.VERSION_FILE},
-    "sglang": {"pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR], "start_timeout_s": 60},
+    "sglang": {
+        "pip_args": ["--no-index", "--find-links", guest_payload.WHEEL_DIR],
+        "start_timeout_s": 60,
+        "model_path": guest_payload.CHECKPOINT_DIR,  # the stand-in checkpoint: the recipe applies
+    },
 }
 
 # Proxmox lab nodes (`python -m lab up NAME --pve`) get a VM and reach the Proxmox stand-in's API as

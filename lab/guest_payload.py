@@ -29,6 +29,10 @@ What the roles meet in the lab is what they meet on a real host, minus the paylo
   (lab/standins/torch_standin.py: what pvegpu's P2P probe uses; the real wheel pulls torch in);
   `pip install --no-index --find-links` takes it for `sglang==<pinned>` (a local version label matches the
   public pin).
+- `<host>/srv/pvegpu-lab/models/GLM-5-NVFP4-MTP/`: a STAND-IN checkpoint, what pvegpu and SGLang read of
+  one without its weights: the `config.json` of GLM-5 NVFP4 with its MTP layer (the keys SGLang 0.5.23 and
+  pvegpu's recipe read) and a `model.safetensors.index.json` whose weight map names tensors of layers 0-78
+  (78: the MTP layer); no shard files (the stand-in SGLang loads nothing).
 - `<host>/etc/pvegpu-lab/nvidia.env`: where the stand-ins find the host's fake sysfs (`SYSFS_ROOT`, the
   host's `sysfs_root`) and the module version file (`VERSION_FILE`, `VERSION_FILE` below).
 
@@ -69,6 +73,16 @@ KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 # Inside the host.
 APT_DIR = "/srv/pvegpu-lab/apt"
 WHEEL_DIR = "/srv/pvegpu-lab/wheels"
+CHECKPOINT_DIR = "/srv/pvegpu-lab/models/GLM-5-NVFP4-MTP"
+# GLM-5's shape where SGLang and pvegpu read it: 78 decoder layers, then the MTP layer as layer 78.
+_CHECKPOINT_CONFIG = {
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "model_type": "glm_moe_dsa",
+    "num_hidden_layers": 78,
+    "num_nextn_predict_layers": 1,
+    "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+    "pvegpu_lab": "STAND-IN checkpoint: configuration and weight index only, no weights",
+}
 REPOSITORY_URL = f"file:{APT_DIR}/"
 SETTINGS = "/etc/pvegpu-lab/nvidia.env"
 VERSION_FILE = "/opt/fakeproc/driver/nvidia/version"
@@ -273,6 +287,28 @@ def _build(out: Path) -> None:
         _run(*gpg, "--clearsign", "-o", repo / "InRelease", repo / "Release", env=env)
         _run(*gpg, "-abs", "-o", repo / "Release.gpg", repo / "Release", env=env)
     wheel(wheels)
+    checkpoint(out / "checkpoint")
+
+
+def checkpoint(out: Path) -> None:
+    """The STAND-IN checkpoint (module docstring) in `out`."""
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(_CHECKPOINT_CONFIG, indent=2) + "\n")
+    layers = _CHECKPOINT_CONFIG["num_hidden_layers"]
+    assert isinstance(layers, int)
+    weight_map = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}
+    for layer in range(layers + 1):
+        shard = f"model-0000{1 + (layer == layers)}-of-00002.safetensors"
+        for tensor in (
+            "input_layernorm.weight",
+            "mlp.experts.0.down_proj.weight",
+            "self_attn.q_a_proj.weight",
+        ):
+            weight_map[f"model.layers.{layer}.{tensor}"] = shard
+    weight_map["model.layers.78.eh_proj.weight"] = "model-00002-of-00002.safetensors"
+    weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def wheel(out: Path) -> Path:
@@ -338,7 +374,12 @@ def install(host: hosts.LabHost) -> None:
     """Copy the payload into `host`'s root (any lab host: a guest, a Proxmox lab node, a container host) and
     write the stand-ins' settings: its own `sysfs_root`, and `VERSION_FILE`."""
     payload = ensure_payload()
-    for source, target in ((payload / "apt", APT_DIR), (payload / "wheels", WHEEL_DIR)):
+    copies = (
+        (payload / "apt", APT_DIR),
+        (payload / "wheels", WHEEL_DIR),
+        (payload / "checkpoint", CHECKPOINT_DIR),
+    )
+    for source, target in copies:
         shutil.copytree(source, host.root / target.lstrip("/"), dirs_exist_ok=True)
     settings = host.root / SETTINGS.lstrip("/")
     settings.parent.mkdir(parents=True, exist_ok=True)

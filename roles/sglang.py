@@ -13,6 +13,7 @@ service keeps running). The keys reach SGLang through systemd credentials and a 
 
 from __future__ import annotations
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 from pyinfra.operations import systemd
@@ -25,6 +26,7 @@ from pvegpu.operations.render import render
 from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import conf_file_problems
+from pvegpu.plan.recipe import plan_recipe
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
 from pvegpu.plan.sglang_service import (
     ENV_FILE,
@@ -37,7 +39,14 @@ from pvegpu.plan.sglang_service import (
     key_file_problems,
     probe_target,
 )
-from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, nccl_conf_files, sglang_home, state_of
+from pvegpu.run.host_state import (
+    PVEGPU_ETC,
+    PVEGPU_LIB,
+    nccl_conf_files,
+    serving_checkpoint,
+    sglang_home,
+    state_of,
+)
 from pvegpu.run.plan import plan_failures, plan_of
 from pvegpu.run.serving import serving_nccl
 
@@ -62,8 +71,11 @@ def sglang() -> None:
     with plan_failures(host):
         serving = serving_nccl(host)
         nccl, topo = serving.plan, serving.topo
-        argv = plan_sglang_argv(spec, len(topology.gpus), nccl.argv)
         state = state_of(host)
+        recipe = plan_recipe(
+            spec, serving_checkpoint(spec, state), [gpu.id for gpu in topology.gpus], p2p=serving.p2p
+        )
+        argv = plan_sglang_argv(spec, len(topology.gpus), (*nccl.argv, *recipe.argv))
         problems = (
             *profile_problems(node.profile, spec),
             *key_file_problems(spec, dict(state.secrets)),
@@ -72,6 +84,8 @@ def sglang() -> None:
         if problems:
             # Before any operation: a bad key never stops (nor restarts) a running service.
             raise PlanError("\n".join(problems))
+    for note in recipe.notes:
+        logger.info(f"{host.print_prefix}{note}")
 
     system_group(name="Add the SGLang system group", group=spec.user)
     system_user(
@@ -125,7 +139,7 @@ def sglang() -> None:
                 "sglang/sglang.env.j2",
                 profile=node.profile,
                 profile_note=PROFILE_NOTES[node.profile],
-                lines=nccl.env_file_lines(),
+                lines=(*nccl.env_file_lines(), *recipe.env_file_lines()),
             )
         ),
         path=ENV_FILE,

@@ -42,7 +42,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -150,6 +150,57 @@ def speculative_refusal(values: dict[str, list[str]]) -> str | None:
     if words[0].upper() in (*rules["speculative_algorithms"], *rules["speculative_aliases"]):
         return None
     return f"ValueError: Unknown speculative algorithm name: {words[0].upper()}"
+
+
+# SGLang 0.5.23's MTP rules at start, with its texts: PP needs SGLANG_ENABLE_PP_SPEC (arg_groups/
+# validation_hook.py; EnvBool's true words, srt/environ.py), and the draft is the checkpoint's own nextn layer
+# (models/deepseek_common/deepseek_weight_loader.py `_initialize_nextn_conf`).
+_TRUE = ("true", "1", "yes", "y")
+
+
+def mtp_refusal(values: dict[str, list[str]], model_path: Path, env: Mapping[str, str]) -> str | None:
+    """Why SGLang 0.5.23 would not start `--speculative-algorithm NEXTN`/`EAGLE` on this checkpoint."""
+    words = values.get("speculative_algorithm")
+    if not words or words[0].upper() not in ("NEXTN", "EAGLE"):
+        return None
+    if int(_one(values, "pp_size", "1")) > 1 and env.get("SGLANG_ENABLE_PP_SPEC", "").lower() not in _TRUE:
+        return (
+            "AssertionError: PP + speculative decoding (MTP) is only supported on prefill nodes "
+            "(disaggregation-mode=prefill)"
+        )
+    return _draft_layer_refusal(model_path)
+
+
+def _draft_layer_refusal(model_path: Path) -> str | None:
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return f"OSError: no config.json in {model_path} (pvegpu lab STAND-IN)"
+    if "num_nextn_predict_layers" not in config:
+        return "ValueError: num_nextn_predict_layers is not in the config"
+    if config["num_nextn_predict_layers"] != 1:
+        return "AssertionError: Only 1 nextn layer is supported"
+    layer = config.get("num_hidden_layers")
+    try:
+        weight_map = json.loads((model_path / "model.safetensors.index.json").read_text())["weight_map"]
+    except (OSError, ValueError, KeyError):
+        weight_map = {}
+    if any(name.startswith(f"model.layers.{layer}.") for name in weight_map):
+        return None
+    return (
+        f"KeyError: model.layers.{layer} (the MTP draft layer) is not in the checkpoint's weight map "
+        "(pvegpu lab STAND-IN)"
+    )
+
+
+def start_refusal(values: dict[str, list[str]], env: Mapping[str, str]) -> str | None:
+    """What SGLang would print and exit 1 with at start, after its parser accepted the argv."""
+    if (refusal := speculative_refusal(values)) is not None:
+        return refusal
+    model_path = _one(values, "model_path", "")
+    if not Path(model_path).is_dir():
+        return f"sglang serve: error: model path {model_path} is not a directory"
+    return mtp_refusal(values, Path(model_path), env)
 
 
 def check(argv: list[str]) -> tuple[list[str], dict[str, list[str]]]:
@@ -355,12 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"sglang serve: error: {problem}", file=sys.stderr)
         return 2
-    if (refusal := speculative_refusal(values)) is not None:
+    if (refusal := start_refusal(values, os.environ)) is not None:
         print(refusal, file=sys.stderr)
-        return 1
-    model_path = _one(values, "model_path", "")
-    if not Path(model_path).is_dir():
-        print(f"sglang serve: error: model path {model_path} is not a directory", file=sys.stderr)
         return 1
     server_args = ServerArgs(
         values, merged, _one(values, "api_key", "") or None, _one(values, "admin_api_key", "") or None

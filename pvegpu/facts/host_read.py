@@ -19,8 +19,11 @@
               file (the nouveau blacklist: mkinitramfs copies /etc/modprobe.d, update-initramfs renames the
               new image into place, so an older image lacks it)
     records   only when some are requested: per small file read whole (the P2P probe's record; in a VM,
-              the NCCL conf files),
+              the NCCL conf files; the checkpoint's config.json),
               `<base64 of its content>\t<path>`, or `missing\t<path>` (not a regular file)
+    layers    only when requested: the `model.layers.N` numbers of a checkpoint's weight index (sorted,
+              one a line), or `missing` (no index): whether it holds the MTP layer, without reading the
+              whole map (GLM-5's names ~100,000 tensors)
     probe     only when requested: SGLang's readiness probe (`pvegpu.facts.sglang.probe_command`), run in
               the background from the start of the command, so its HTTP calls overlap the other parts;
               nothing when the shell could not make its temporary file (the probe is then not read)
@@ -61,7 +64,7 @@ SECTIONS = (
     "end",
 )  # fmt: skip
 # Printed only when requested (in this order, before `end`), so a read without them keeps its old shape.
-_OPTIONAL = ("initramfs", "records", "probe")
+_OPTIONAL = ("initramfs", "records", "layers", "probe")
 # pyinfra's readings of systemd's states (pyinfra.facts.systemd): these SubStates are "running", these
 # UnitFileStates "enabled"; the operations that replace pyinfra's decide exactly as it did.
 RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mounted"})
@@ -85,6 +88,7 @@ class StateRequest:
     venvs: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
     records: tuple[str, ...] = ()
+    weight_index: str | None = None
     initramfs_after: str | None = None
     version_file: str = "/proc/driver/nvidia/version"
     probe: ProbeTarget | None = None
@@ -111,6 +115,7 @@ class HostState:
     smi: NvidiaSmi
     secrets: Mapping[str, SecretFile] = field(default_factory=dict)
     records: Mapping[str, str | None] = field(default_factory=dict)
+    layers: frozenset[int] | None = None
     p2p_record: Record | None = None
     stale_initramfs: tuple[str, ...] = ()
     probe: Probe | None = None
@@ -188,6 +193,15 @@ def state_command(request: StateRequest) -> str:
             if request.records
             else []
         ),
+        *(
+            [
+                f'{_open("layers")}; i={shlex.quote(request.weight_index)}; if [ -f "$i" ]; then '
+                'grep -o \'"model\\.layers\\.[0-9][0-9]*\\.\' "$i" | cut -d. -f3 | sort -un; '
+                "else echo missing; fi"
+            ]
+            if request.weight_index is not None
+            else []
+        ),
         *([_probe_part()] if request.probe is not None else []),
         f"{_open('end')}",
     ]
@@ -249,6 +263,7 @@ def parse_state(lines: Sequence[str]) -> HostState:
             smi=parse_nvidia_smi(text("smi")),
             secrets=parse_secret_files(text("secrets")),
             records=records,
+            layers=_layers(sections["layers"]) if "layers" in sections else None,
             p2p_record=parse_record(records.get(RECORD_PATH)),
             stale_initramfs=_initramfs(sections.get("initramfs", [])),
             probe=parse_probe(text("probe")) if sections.get("probe") else None,
@@ -377,6 +392,15 @@ def _initramfs(lines: list[tuple[int, str]]) -> tuple[str, ...]:
         if not line.startswith("initrd.img-") or "/" in line:
             raise _fail(number, line, "an initramfs image name")
     return tuple(line for _, line in lines)
+
+
+def _layers(lines: list[tuple[int, str]]) -> frozenset[int] | None:
+    if [line for _, line in lines] == ["missing"]:
+        return None
+    for number, line in lines:
+        if not line.isdigit():
+            raise _fail(number, line, "a layer number")
+    return frozenset(int(line) for _, line in lines)
 
 
 def _records(lines: list[tuple[int, str]]) -> dict[str, str | None]:

@@ -14,7 +14,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from pvegpu.models.fields import AbsolutePath, OneLine, has_control_character, shown
+from pvegpu.models.recipe import load_recipes
 from pvegpu.models.sglang_options import SGLANG_VERSION, load_option_table
 
 SGLANG_KEY = "sglang"
@@ -54,6 +55,13 @@ def _choice_of(flag: str) -> Callable[[str | None], str | None]:
         return value
 
     return check
+
+
+def _recipe_name(name: str) -> str:
+    names = ("auto", "none", *load_recipes().names())
+    if name not in names:
+        raise ValueError(f"{shown(name)} is not a recipe (choose from {', '.join(names)})")
+    return name
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
@@ -187,10 +195,44 @@ class SglangSpec(BaseModel):
         ),
     )
     cuda_graph_max_bs: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Largest decode batch captured as a CUDA graph (`--cuda-graph-max-bs-decode`); None: "
+            "`concurrency`."
+        ),
+    )
+    concurrency: StrictInt = Field(
         default=64,
         ge=1,
         description=(
-            "Largest decode batch captured as a CUDA graph (`--cuda-graph-max-bs-decode`); None: SGLang's."
+            "The concurrency target: requests served at once (`--max-running-requests`; SGLang 0.5.23 "
+            "would cap it at 48 under speculative decoding), and the decode CUDA graphs' largest batch "
+            "unless `cuda_graph_max_bs` is set."
+        ),
+    )
+    recipe: Annotated[str, AfterValidator(_recipe_name)] = Field(
+        default="auto",
+        description=(
+            "Serving recipe (`pvegpu/data/sglang/recipes.json`, each value with its source): `auto` picks "
+            "the one made for the checkpoint's `config.json` (architecture, quantization) and the GPUs' "
+            "compute capability, or none; a recipe's name applies it; `none`: only the fields and "
+            "`extra_args`."
+        ),
+    )
+    workload: Literal["latency", "throughput"] = Field(
+        default="throughput",
+        description=(
+            "What the recipe's MoE runner is chosen for (`--moe-runner-backend`): `throughput` (many "
+            "requests at once) or `latency` (one or two)."
+        ),
+    )
+    mtp: bool = Field(
+        default=True,
+        description=(
+            "MTP speculative decoding (`--speculative-algorithm NEXTN`) when the recipe has it and the "
+            "checkpoint holds the MTP layer; with `pp_size` > 1 it also needs `env` "
+            "`SGLANG_ENABLE_PP_SPEC: '1'` (SGLang 0.5.23's opt-in)."
         ),
     )
     reasoning_parser: Annotated[str | None, AfterValidator(_choice_of("--reasoning-parser"))] = Field(

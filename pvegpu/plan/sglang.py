@@ -58,6 +58,7 @@ _OWNED = {
     "context_length": "context_length",
     "chunked_prefill_size": "chunked_prefill_size",
     "cuda_graph_max_bs_decode": "cuda_graph_max_bs",
+    "max_running_requests": "concurrency",
     "reasoning_parser": "reasoning_parser",
     "tool_call_parser": "tool_call_parser",
     "trust_remote_code": "trust_remote_code",
@@ -148,7 +149,8 @@ def _spec_options(spec: SglangSpec) -> list[str]:
     optional = (
         ("--context-length", spec.context_length),
         ("--chunked-prefill-size", spec.chunked_prefill_size),
-        ("--cuda-graph-max-bs-decode", spec.cuda_graph_max_bs),
+        ("--max-running-requests", spec.concurrency),
+        ("--cuda-graph-max-bs-decode", spec.cuda_graph_max_bs or spec.concurrency),
         ("--reasoning-parser", spec.reasoning_parser),
         ("--tool-call-parser", spec.tool_call_parser),
     )

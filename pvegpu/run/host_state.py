@@ -18,12 +18,16 @@ from weakref import WeakKeyDictionary
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
+from pvegpu.facts.checkpoint import WEIGHT_INDEX, checkpoint_records, read_checkpoint
 from pvegpu.facts.host_read import HostRead, HostState, StateRequest
 from pvegpu.facts.nccl_conf import parse_nccl_conf
+from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
+from pvegpu.models.recipe import Checkpoint
+from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.specs import HostSpecs, host_specs
 from pvegpu.plan.driver import (
     CUDA_DISTROS,
@@ -39,6 +43,7 @@ from pvegpu.plan.driver import (
     cuda_list_path,
     disables_hmm,
 )
+from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.profile import NodeSteps, ServingSteps, serving_steps
@@ -137,9 +142,15 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         ENV_FILE,
         UNIT_FILE,
     ]
+    checkpoint = spec.recipe != "none"
     return replace(
         request,
-        records=(*request.records, *nccl_conf_paths(specs)),
+        records=(
+            *request.records,
+            *nccl_conf_paths(specs),
+            *(checkpoint_records(spec.model_path) if checkpoint else ()),
+        ),
+        weight_index=f"{spec.model_path}/{WEIGHT_INDEX}" if checkpoint else None,
         paths=tuple(dict.fromkeys(paths)),
         units=(*request.units, SERVICE),
         users=(spec.user,),
@@ -148,6 +159,17 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         secrets=tuple(path for _, path, _ in key_files(spec)),
         probe=probe_target(spec),
     )
+
+
+def serving_checkpoint(spec: SglangSpec, state: HostState) -> Checkpoint | None:
+    """The checkpoint in `spec.model_path` as `state` (read with `_with_sglang`'s request) shows it; None
+    without a config.json or with `recipe: none`. PlanError naming the file when one is not JSON."""
+    if spec.recipe == "none":
+        return None
+    try:
+        return read_checkpoint(spec.model_path, state.records, state.layers)
+    except ParseError as error:
+        raise PlanError(f"{SGLANG_KEY}.model_path: {error}") from None
 
 
 def read_serving_host(target: Host) -> None:

@@ -115,6 +115,55 @@ def test_create_converges_then_noop_then_one_setting_restarts_once(
     assert " --mem-fraction-static 0.85 " in unit
 
 
+RECIPE_ENV = [
+    "SGLANG_ENABLE_JIT_DEEPGEMM=0",
+    "SAFETENSORS_FAST_GPU=1",
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+]
+MTP = (
+    "--speculative-algorithm NEXTN --speculative-num-steps 3 --speculative-eagle-topk 1 "
+    "--speculative-num-draft-tokens 4"
+)
+
+
+def argv_of(lab_ssh: LabSsh, guest: hosts.LabHost) -> list[str]:
+    """The words of sglang.service's ExecStart."""
+    unit = lab_ssh(guest, "cat /etc/systemd/system/sglang.service")
+    return next(line for line in unit.splitlines() if line.startswith("ExecStart=")).split()
+
+
+def test_recipe_serves_the_stand_in_checkpoint_and_a_workload_switch_restarts_once(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stand-in checkpoint has GLM-5's MTP layer: the recipe's options, MTP included, pass the stand-in's
+    start-up rules; switching the workload changes the MoE runner alone, restarts once, then nothing."""
+    assert deploy(pyinfra_cli, monkeypatch, guest, {}).rc == 0
+    before, started = argv_of(lab_ssh, guest), starts(lab_ssh, guest)
+    words = " ".join(before)
+    assert " --attention-backend flashinfer --model-loader-extra-config " in words
+    assert f" --moe-runner-backend cutlass {MTP} " in f"{words} "
+    assert " --max-running-requests 64 --cuda-graph-max-bs-decode 64 " in words
+
+    latency = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"workload": "latency"}})
+
+    assert latency.rc == 0, latency.stderr
+    assert latency.changed() == [
+        "Write the service environment (NCCL settings with their reasons)",
+        "Write sglang.service",
+        "Reload systemd's units",
+        "Start or restart SGLang (its unit, environment or venv changed)",
+        "Wait for SGLang to answer",
+    ]
+    after = argv_of(lab_ssh, guest)
+    assert [(a, b) for a, b in zip(before, after, strict=True) if a != b] == [
+        ("cutlass", "flashinfer_cutlass")
+    ]
+    assert starts(lab_ssh, guest) == started + 1
+    again = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"workload": "latency"}})
+    assert (again.rc, again.changed()) == (0, [])
+    assert starts(lab_ssh, guest) == started + 1
+
+
 def test_vm_env_file_never_enables_p2p_and_says_why(
     guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,7 +175,8 @@ def test_vm_env_file_never_enables_p2p_and_says_why(
         "# Profile vm: the GPUs are passed through to this VM, where P2P between them is not supported; "
         "NCCL uses shared memory and nothing here enables P2P"
     )
-    settings = [line for line in env if not line.startswith("#")]
+    recipe = env.index("# Recipe glm5-nvfp4-sm120 (pvegpu/data/sglang/recipes.json)")
+    settings = [line for line in env[:recipe] if not line.startswith("#")]
     assert settings == [
         "CUDA_DEVICE_MAX_CONNECTIONS=64",
         "NCCL_BUFFSIZE=8388608",
@@ -135,6 +185,8 @@ def test_vm_env_file_never_enables_p2p_and_says_why(
         "NCCL_MIN_NCHANNELS=32",
         "NCCL_P2P_DISABLE=1",
     ]
+    assert [line for line in env[recipe:] if not line.startswith("#")] == RECIPE_ENV
+    assert env[-1].startswith("# left out: --flashinfer-allreduce-fusion-backend: no P2P between the GPUs")
     assert not any(
         "P2P_LEVEL" in line or "IGNORE_DISABLED_P2P" in line or "SHM_DISABLE" in line for line in env
     )
@@ -283,7 +335,14 @@ def test_two_nodes_tp8_pp2_are_ready_on_both_hosts_then_noop(
     leader, follower = two_guests
     (leader.root / "root/sglang-api-key").write_text("lab-key\n")
     (leader.root / "root/sglang-api-key").chmod(0o600)
-    layout = {"tp_size": 8, "pp_size": 2, "nnodes": 2, "dist_init_addr": f"{leader.address}:5000"}
+    # MTP with PP needs SGLang 0.5.23's opt-in (pvegpu refuses the layout without it).
+    layout = {
+        "tp_size": 8,
+        "pp_size": 2,
+        "nnodes": 2,
+        "dist_init_addr": f"{leader.address}:5000",
+        "env": {"SGLANG_ENABLE_PP_SPEC": "1"},
+    }
     ranks = {
         leader.name: {"sglang": {**layout, "host": "0.0.0.0", "api_key_file": "/root/sglang-api-key"}},
         follower.name: {"sglang": {**layout, "node_rank": 1}},
@@ -308,6 +367,7 @@ def test_two_nodes_tp8_pp2_are_ready_on_both_hosts_then_noop(
     unit = lab_ssh(follower, "cat /etc/systemd/system/sglang.service")
     assert " --tp-size 8 --pp-size 2 " in unit
     assert f" --nnodes 2 --node-rank 1 --dist-init-addr {leader.address}:5000" in unit
+    assert f" {MTP}" in unit
     # Rank 1 has no API: /v1/models is SGLang's health server's 404.
     status = lab_ssh(
         follower,

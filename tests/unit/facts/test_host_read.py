@@ -137,6 +137,30 @@ def test_command_reads_real_files(tmp_path: Path) -> None:
     assert state.p2p_record is None  # the record read is not at RECORD_PATH
 
 
+def test_command_reads_the_layers_of_a_weight_index(tmp_path: Path) -> None:
+    """The layer numbers of the index's weight map (keys only: the shard names hold no layer), sorted."""
+    index = tmp_path / "model.safetensors.index.json"
+    weight_map = {
+        "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
+        "model.layers.0.self_attn.q_a_proj.weight": "model-00001-of-00003.safetensors",
+        "model.layers.10.mlp.experts.7.down_proj.weight_scale": "model-00002-of-00003.safetensors",
+        "model.layers.2.input_layernorm.weight": "model-00002-of-00003.safetensors",
+        "model.layers.78.eh_proj.weight": "model-00003-of-00003.safetensors",
+        "model.layers.78.enorm.weight": "model-00003-of-00003.safetensors",
+        "lm_head.weight": "model-00003-of-00003.safetensors",
+    }
+    index.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": weight_map}, indent=2))
+
+    def layers(path: Path) -> frozenset[int] | None:
+        command = state_command(StateRequest(weight_index=str(path)))
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return parse_state(done.stdout.splitlines()).layers
+
+    assert layers(index) == frozenset({0, 2, 10, 78})
+    assert layers(tmp_path / "absent.json") is None
+    assert parse_state(SAMPLE).layers is None  # not requested: no layers section
+
+
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
@@ -175,6 +199,10 @@ def test_command_reads_real_files(tmp_path: Path) -> None:
         (
             (*SAMPLE[:-1], "#pvegpu:initramfs", "#pvegpu:records", "#pvegpu:end", "x"),
             "line 244: 'x' after the end marker",
+        ),
+        (
+            (*SAMPLE[:-1], "#pvegpu:layers", "0", "x78", "#pvegpu:end"),
+            "host state: line 243: 'x78' is not a layer number",
         ),
         (
             (*SAMPLE[:-1], "#pvegpu:records", "e30=\tvar/lib", "#pvegpu:end"),

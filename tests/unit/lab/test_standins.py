@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import fakesys
+from lab import fakesys, guest_payload
 from lab.standins import nvidia_smi, sglang_serve
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.sglang import check_argv, plan_sglang_argv
@@ -200,4 +200,34 @@ def test_standin_follower_serves_health_only(metrics: bool) -> None:
     }
     assert metrics_answer == (
         (200, "# pvegpu lab STAND-IN\nsglang_stand_in 1\n") if metrics else (404, '{"detail":"Not Found"}')
+    )
+
+
+def test_stand_in_mtp_rules_of_0_5_23(tmp_path: Path) -> None:
+    """NEXTN needs PP's opt-in and the checkpoint's one nextn layer in its weight map (SGLang 0.5.23's texts);
+    the lab's stand-in checkpoint passes."""
+    guest_payload.checkpoint(tmp_path / "glm5")
+    nextn = {"speculative_algorithm": ["NEXTN"], "pp_size": ["1"]}
+    assert sglang_serve.mtp_refusal(nextn, tmp_path / "glm5", {}) is None
+    assert sglang_serve.mtp_refusal({"pp_size": ["2"]}, tmp_path / "glm5", {}) is None  # no MTP asked
+    pp2 = {**nextn, "pp_size": ["2"]}
+    assert sglang_serve.mtp_refusal(pp2, tmp_path / "glm5", {}) == (
+        "AssertionError: PP + speculative decoding (MTP) is only supported on prefill nodes "
+        "(disaggregation-mode=prefill)"
+    )
+    assert sglang_serve.mtp_refusal(pp2, tmp_path / "glm5", {"SGLANG_ENABLE_PP_SPEC": "True"}) is None
+    config = json.loads((tmp_path / "glm5/config.json").read_text())
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({k: v for k, v in config.items() if "nextn" not in k}))
+    assert (
+        sglang_serve.mtp_refusal(nextn, bare, {})
+        == "ValueError: num_nextn_predict_layers is not in the config"
+    )
+    (bare / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 2}))
+    assert sglang_serve.mtp_refusal(nextn, bare, {}) == "AssertionError: Only 1 nextn layer is supported"
+    (bare / "config.json").write_text(json.dumps(config))
+    assert sglang_serve.mtp_refusal(nextn, bare, {}) == (
+        "KeyError: model.layers.78 (the MTP draft layer) is not in the checkpoint's weight map (pvegpu lab "
+        "STAND-IN)"
     )

@@ -35,7 +35,11 @@ def test_defaults_serve_glm5_nvfp4_tp8_on_loopback() -> None:
         "mem_fraction_static": 0.88,
         "context_length": 131072,
         "chunked_prefill_size": 8192,
-        "cuda_graph_max_bs": 64,
+        "cuda_graph_max_bs": None,
+        "concurrency": 64,
+        "recipe": "auto",
+        "workload": "throughput",
+        "mtp": True,
         "reasoning_parser": "glm45",
         "tool_call_parser": "glm47",
         "trust_remote_code": False,
@@ -157,7 +161,7 @@ def test_multi_node() -> None:
         ({"tp_size": 0}, "h: sglang.tp_size: must be at least 1 (got 0)"),
         ({"model_path": "models/glm"}, "h: sglang.model_path: must be an absolute path (got 'models/glm')"),
         ({"extra_args": [""]}, "h: sglang.extra_args: '' is not a command-line argument"),
-        ({"tp": 8}, "h: sglang.tp: unknown field"),
+        ({"tp": 8}, "h: sglang.tp: unknown field (did you mean 'mtp'?)"),
     ],
 )  # fmt: skip
 def test_error_field_named(sglang: dict[str, object], expected: str) -> None:

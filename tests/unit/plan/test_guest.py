@@ -13,12 +13,14 @@ from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.node import NodeSpec
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.models.recipe import Checkpoint
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.render import render
 from pvegpu.plan.driver import apt_source_line, cuda_distro, flavour_problems, keyring_url, verify_problems
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.guest import check_guest
 from pvegpu.plan.nccl import plan_nccl
+from pvegpu.plan.recipe import plan_recipe
 from pvegpu.plan.sglang import plan_sglang_argv
 from pvegpu.plan.sglang_service import exec_start, exec_start_pre
 
@@ -148,10 +150,24 @@ def test_exec_start_plain() -> None:
     assert exec_start(spec, vm_argv(spec)) == (
         "/opt/sglang/venv/bin/sglang serve --model-path /models/GLM-5-NVFP4 --served-model-name glm-5 "
         "--tp-size 8 --pp-size 1 --quantization modelopt_fp4 --kv-cache-dtype bf16 "
-        "--mem-fraction-static 0.88 "
+        "--mem-fraction-static 0.88 --max-running-requests 64 --cuda-graph-max-bs-decode 64 "
         "--reasoning-parser glm45 --tool-call-parser glm47 --host 127.0.0.1 --port 30000 --enable-metrics "
         "--enable-p2p-check --disable-custom-all-reduce"
     )
+
+
+def test_exec_start_with_the_recipe_quotes_its_json_for_systemd() -> None:
+    spec = SglangSpec(concurrency=32, cuda_graph_max_bs=16)
+    checkpoint = Checkpoint(spec.model_path, ("GlmMoeDsaForCausalLM",), "NVFP4", 78, 1, frozenset({78}))
+    recipe = plan_recipe(spec, checkpoint, ("10de:2bb1",) * 8, p2p=False)
+    argv = plan_sglang_argv(spec, 8, (*plan_nccl("vm", None, infiniband=False).argv, *recipe.argv))
+    assert exec_start(spec, argv).split(" --enable-metrics ")[1] == (
+        "--enable-p2p-check --disable-custom-all-reduce --attention-backend flashinfer "
+        '--model-loader-extra-config "{\\"enable_multithread_load\\":true,\\"num_threads\\":16}" '
+        "--moe-runner-backend cutlass --speculative-algorithm NEXTN --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    )
+    assert " --max-running-requests 32 --cuda-graph-max-bs-decode 16 " in exec_start(spec, argv)
 
 
 def test_exec_start_with_key_passes_only_the_config_path() -> None:
@@ -164,7 +180,8 @@ def test_exec_start_with_key_passes_only_the_config_path() -> None:
         "/opt/sglang/venv/bin/python /usr/local/lib/pvegpu/sglang-secrets.py serve "
         "--model-path /models/GLM-5-NVFP4 "
         '--served-model-name "glm 5%%" --tp-size 8 --pp-size 1 --kv-cache-dtype bf16 '
-        "--mem-fraction-static 0.88 --host 0.0.0.0 --port 30000 --config /run/sglang/secrets.yaml "
+        "--mem-fraction-static 0.88 --max-running-requests 64 --cuda-graph-max-bs-decode 64 "
+        "--host 0.0.0.0 --port 30000 --config /run/sglang/secrets.yaml "
         "--enable-p2p-check --disable-custom-all-reduce"
     )
     assert exec_start_pre(spec) == "/opt/sglang/venv/bin/python /usr/local/lib/pvegpu/sglang-secrets.py"

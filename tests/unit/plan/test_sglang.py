@@ -21,7 +21,8 @@ TP8 = (
     "--model-path", "/models/GLM-5-NVFP4", "--served-model-name", "glm-5",
     "--tp-size", "8", "--pp-size", "1", "--quantization", "modelopt_fp4", "--kv-cache-dtype", "bf16",
     "--mem-fraction-static", "0.88", "--context-length", "131072", "--chunked-prefill-size", "8192",
-    "--cuda-graph-max-bs-decode", "64", "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
+    "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "64",
+    "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
     "--host", "127.0.0.1", "--port", "30000", "--enable-metrics",
 )  # fmt: skip
 
@@ -55,7 +56,6 @@ def test_create_public_with_api_key_multi_node_and_options_off() -> None:
         quantization=None,
         context_length=None,
         chunked_prefill_size=-1,
-        cuda_graph_max_bs=None,
         reasoning_parser=None,
         tool_call_parser=None,
         api_key_file="/etc/pvegpu/sglang.key",
@@ -69,8 +69,8 @@ def test_create_public_with_api_key_multi_node_and_options_off() -> None:
     assert plan_sglang_argv(spec, 8) == (
         "--model-path", "/srv/glm", "--served-model-name", "glm", "--trust-remote-code",
         "--tp-size", "8", "--pp-size", "2", "--kv-cache-dtype", "bf16", "--mem-fraction-static", "0.88",
-        "--chunked-prefill-size", "-1", "--host", "0.0.0.0", "--port", "8000",
-        "--config", "/run/sglang/secrets.yaml",
+        "--chunked-prefill-size", "-1", "--max-running-requests", "64", "--cuda-graph-max-bs-decode", "64",
+        "--host", "0.0.0.0", "--port", "8000", "--config", "/run/sglang/secrets.yaml",
         "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000",
     )  # fmt: skip
     assert SECRETS_CONFIG == "/run/sglang/secrets.yaml"

@@ -29,15 +29,22 @@ def serving_plan(group: str, profile: str) -> NodePlan:
 
 def test_the_p2p_record_is_read_only_when_vm_p2p_is_not_off() -> None:
     guest = serving_plan(VM_GUESTS, "vm")
-    conf = ("/var/lib/sglang/.nccl.conf", "/etc/nccl.conf")  # NCCL's conf files, read in a VM only
+    conf = (
+        "/var/lib/sglang/.nccl.conf",  # NCCL's conf files, read in a VM only
+        "/etc/nccl.conf",
+        "/models/GLM-5-NVFP4/config.json",  # the checkpoint's, for sglang.recipe
+        "/models/GLM-5-NVFP4/hf_quant_config.json",
+    )
     assert [state_request(guest, mode).records for mode in (None, "off", "probe", "on")] == [
         conf,
         conf,
         ("/var/lib/pvegpu/p2p-probe.json", *conf),
         ("/var/lib/pvegpu/p2p-probe.json", *conf),
     ]
+    assert state_request(guest, None).weight_index == "/models/GLM-5-NVFP4/model.safetensors.index.json"
     assert state_request(serving_plan(LXC_GUESTS, "lxc"), "probe").records == (
         "/var/lib/pvegpu/p2p-probe.json",
+        *conf[2:],
     )
 
 

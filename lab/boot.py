@@ -51,6 +51,8 @@ def install(host: LabHost, layout: Layout) -> None:
         raise ValueError(f"unknown boot layout {layout!r}; known: {', '.join(LAYOUTS)}")
     root = host.root
     _write(root / "etc/pvegpu-lab/kernel", f"{KERNEL}\n")
+    # The kernel's image, as its package leaves it: what the boot entries and pvegpu's next-boot check read.
+    _write(root / f"boot/vmlinuz-{KERNEL}", "pvegpu lab STAND-IN kernel image\n")
     settings = {
         "layout": layout,
         "sysfs_root": host.sysfs_root,

@@ -90,17 +90,26 @@ NVML_DIR = "/usr/lib/x86_64-linux-gnu"  # plays /proc/driver/nvidia/version (nsp
 
 MODULE_TOOL = "/usr/lib/pvegpu-lab/nvidia-module"
 _KERNEL_POSTINST = """#!/bin/sh
-# pvegpu lab STAND-IN: "loads" the open kernel module, as `modprobe nvidia` would.
+# pvegpu lab STAND-IN: "builds" the module for every installed kernel image, as dkms does for the kernels
+# whose headers are installed (its tree: /var/lib/dkms/<module>/<version>/<kernel>/<arch>/module), then
+# "loads" it, as `modprobe nvidia` would.
 set -e
 if [ "$1" = configure ]; then
+    for image in /boot/vmlinuz-*; do
+        [ -e "$image" ] || continue
+        built="/var/lib/dkms/nvidia/{version}/${{image#/boot/vmlinuz-}}/x86_64/module"
+        mkdir -p "$built" && : > "$built/nvidia.ko"
+    done
     {tool} load {version}
 fi
 """
 _KERNEL_PRERM = """#!/bin/sh
-# pvegpu lab STAND-IN: "unloads" the open kernel module, as `modprobe -r nvidia` would.
+# pvegpu lab STAND-IN: "unloads" the open kernel module, as `modprobe -r nvidia` would, and drops its builds
+# (as `dkms remove --all`).
 set -e
 if [ "$1" = remove ]; then
     {tool} unload
+    rm -rf /var/lib/dkms/nvidia/{version}
 fi
 """
 _PERSISTENCED = """#!/bin/sh
@@ -185,7 +194,7 @@ def _driver_packages(out: Path, driver: str) -> None:
         {
             MODULE_TOOL: (0o755, (STANDINS / "nvidia_module.py").read_text()),
             "/DEBIAN/postinst": (0o755, _KERNEL_POSTINST.format(tool=MODULE_TOOL, version=driver)),
-            "/DEBIAN/prerm": (0o755, _KERNEL_PRERM.format(tool=MODULE_TOOL)),
+            "/DEBIAN/prerm": (0o755, _KERNEL_PRERM.format(tool=MODULE_TOOL, version=driver)),
         },
         Depends="dkms",
     )

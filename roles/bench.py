@@ -2,7 +2,9 @@
 reported on the operator's machine: `<results_dir>/<host>/<run>.jsonl` (the tool's own output),
 `<run>.md` (table), `<run>.png` (plot), and one line per run in `<results_dir>/history.jsonl`, labelled with
 the VM speed settings in force (`pvegpu.plan.bench.SpeedSettings`, read from the serving host before the run);
-`<results_dir>/<host>/compare.md|.png` compare the latest run of each setting on that host.
+`<results_dir>/<host>/compare.md|.png` compare the latest run of each setting on that host, and
+`<results_dir>/<host>/vs-reference.md|.png` set the run beside the reference box's published figures. The run
+takes at most `bench.max_minutes` (on the serving host's clock): a cell not started by then is skipped.
 
 Not idempotent by nature: every run measures again and adds a run to the history.
 """
@@ -20,8 +22,8 @@ from pyinfra.operations import files, python
 from pvegpu.cli.bench_report import write_reports
 from pvegpu.facts.nccl import topology_file_read
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
-from pvegpu.operations.bench import serving_benchmark
-from pvegpu.plan.bench import SpeedSettings, bench_argv, speed_settings
+from pvegpu.operations.bench import bench_clock, serving_benchmark
+from pvegpu.plan.bench import SpeedSettings, bench_argv, bench_cells, speed_settings
 from pvegpu.plan.nccl_transports import uses_p2p
 from pvegpu.plan.sglang_service import probe_host
 from pvegpu.run.host_state import state_of
@@ -43,25 +45,34 @@ def bench() -> None:
     local = results / host.name / f"{run_id}.jsonl"
     base_url = f"http://{probe_host(sglang.host)}:{sglang.port}"
 
+    clock = f"{REMOTE_DIR}/{run_id}.started"
+    cells = bench_cells(spec)
     files.directory(name=f"Create {REMOTE_DIR}", path=REMOTE_DIR)
-    for level in spec.concurrency:
-        argv = bench_argv(spec, sglang, base_url, level, remote)
+    bench_clock(
+        name=f"Start the run's clock ({spec.max_minutes} minutes for {len(cells)} cells)",
+        path=clock,
+        results=remote,
+    )
+    for cell in cells:
         serving_benchmark(
-            name=f"Run SGLang's serving benchmark at concurrency {level}",
-            argv=argv,
+            name=f"Run SGLang's serving benchmark: {cell.describe()}",
+            argv=bench_argv(spec, sglang, base_url, cell, remote),
+            clock=clock,
+            budget_s=spec.max_minutes * 60,
             api_key_file=sglang.api_key_file,
         )
     files.get(
         name="Fetch the results", src=remote, dest=str(local), add_deploy_dir=False, create_local_dir=True
     )
     python.call(
-        name="Write the table, plot and history",
+        name="Write the table, plot, history and comparison with the reference",
         function=write_reports,
         local=local,
         host_name=host.name,
         run_id=run_id,
         history=results / "history.jsonl",
         settings=settings,
+        bench=spec,
     )
 
 

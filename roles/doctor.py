@@ -14,11 +14,14 @@ from pyinfra.facts.files import Sha256File
 
 from pvegpu.cli.report import render_table
 from pvegpu.facts.host_checks import HostChecks
+from pvegpu.facts.next_boot import NextBoot
 from pvegpu.hook.bundle import BUNDLE_PATH, build, wrapper
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.node import NodeSpec
+from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
+from pvegpu.plan.kernel_guard import kernel_problems, next_boot_kernel
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.privileges import (
     acl_paths,
@@ -55,6 +58,8 @@ def node_report() -> None:
     plan = plan_of(host)
     _gpu_topology(plan.specs.node, plan.topology)
     _host_checks(plan.specs.node, plan.hardware, plan.topology)
+    if plan.specs.node.profile in HOST_P2P_PROFILES:
+        _next_boot(plan)
     if plan.is_pve_node:
         _token_privileges(plan)
     if plan.is_pve_node and plan.specs.vm is not None:
@@ -62,6 +67,19 @@ def node_report() -> None:
         _hook_status(plan)
         _numa_layout(plan)
         _mmio_window(plan)
+
+
+def _next_boot(plan: NodePlan) -> None:
+    """On a host serving from its own NVIDIA driver: whether the kernel it boots next has the module the
+    pinned driver needs (plan/kernel_guard.py), or what is missing and the fix."""
+    version = plan.specs.driver.version
+    boot = host.get_fact(NextBoot)
+    problems = kernel_problems(boot, version, proxmox=plan.is_pve_node)
+    for problem in problems:
+        logger.warning(f"{host.print_prefix}next boot: {problem}")
+    if not problems:
+        release = next_boot_kernel(boot)
+        logger.info(f"{host.print_prefix}next boot: kernel {release}: NVIDIA module {version} built by DKMS")
 
 
 def _token_privileges(plan: NodePlan) -> None:

@@ -15,9 +15,14 @@ from pyinfra.context import host
 
 from pvegpu.models.boot import BootLoaderKind
 from pvegpu.operations.cmdline import cmdline_tokens
-from pvegpu.operations.reboot import reboot_if_pending, reboot_planned, refuse_foreign_reboot
+from pvegpu.operations.reboot import (
+    reboot_if_pending,
+    reboot_planned,
+    refuse_foreign_reboot,
+    refuse_kernel_without_module,
+)
 from pvegpu.operations.vfio import vfio_config
-from pvegpu.plan.cmdline import retired_tokens
+from pvegpu.plan.cmdline import HOST_P2P_PROFILES, retired_tokens
 from pvegpu.run.node_state import node_state_of
 from pvegpu.run.plan import plan_of
 
@@ -46,6 +51,8 @@ def pve_host() -> None:
     ):
         # Refused here, while operations are collected: nothing of this run is written yet.
         refuse_foreign_reboot(host, node.name, own_vmids, spec.allow_reboot_with_foreign_guests)
+        if node.profile in HOST_P2P_PROFILES:  # the node boots onto its own driver: the module must be there
+            refuse_kernel_without_module(host, plan.specs.driver.version, proxmox=True)
 
     cmdline_tokens(
         name="Set the kernel command line tokens pvegpu owns",

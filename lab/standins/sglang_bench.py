@@ -5,8 +5,10 @@ Packaged by `lab.guest_payload` as `sglang/benchmark/serving.py` of the stand-in
 It sends `--num-prompts` chat requests, at most `--max-concurrency` at a time, and appends to `--output-file`
 one JSON object with `backend`, `max_concurrency`, `completed`, `duration`, `request_throughput`,
 `output_throughput`, `mean_ttft_ms`, `median_ttft_ms`, `p99_ttft_ms`, `mean_itl_ms`, `median_itl_ms`,
-`stand_in` (true). TTFT is the whole request time (the stand-in does not stream); ITL spreads it over the
-tokens. The key comes from OPENAI_API_KEY, as the real tool reads it.
+`random_input_len`, `random_output_len`, `accept_length` (read from the server's `/server_info`
+`internal_states[0].avg_spec_accept_length`, as the real tool reads it; None without one), `stand_in` (true).
+TTFT is the whole request time (the stand-in does not stream); ITL spreads it over the tokens. The key comes
+from OPENAI_API_KEY, as the real tool reads it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ def _one(base_url: str, model: str | None, key: str | None) -> tuple[float, int]
     return time.monotonic() - started, tokens
 
 
+def _accept_length(base_url: str, key: str | None) -> float | None:
+    request = urllib.request.Request(f"{base_url}/server_info")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            states = json.loads(response.read()).get("internal_states") or [{}]
+    except (OSError, ValueError):
+        return None
+    value = states[0].get("avg_spec_accept_length")
+    return float(value) if isinstance(value, int | float) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.dataset_name != "random-ids":
@@ -74,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         "p99_ttft_ms": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
         "mean_itl_ms": statistics.fmean(itl),
         "median_itl_ms": statistics.median(itl),
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "accept_length": _accept_length(args.base_url, key),
         "stand_in": True,
     }
     with open(args.output_file, "a") as out:

@@ -54,6 +54,7 @@ VALUES = HERE / "values.json"
 _INT = re.compile(r"-?\d+")
 _HUMAN_INT = re.compile(r"\d+(\.\d+)?([kKmMgGtT]i?)?")
 UNAUTHENTICATED = ("/health", "/ready", "/metrics")
+STAND_IN_ACCEPT_LENGTH = 2.5
 
 
 def load_table() -> tuple[str, list[dict[str, Any]], dict[str, str]]:
@@ -289,6 +290,11 @@ def server_info(values: dict[str, list[str]], merged: list[str]) -> dict[str, ob
     info["admin_api_key"] = _one(values, "admin_api_key", "") or None
     info["launch_command"] = " ".join(merged)
     info["version"] = "pvegpu lab STAND-IN"
+    # SGLang's scheduler states; with speculative decoding its average accept length (what
+    # sglang.benchmark.serving records as `accept_length`). The stand-in drafts nothing: a fixed figure.
+    speculative = values.get("speculative_algorithm")
+    accept = STAND_IN_ACCEPT_LENGTH if speculative and speculative[0].upper() != "NONE" else None
+    info["internal_states"] = [{"avg_spec_accept_length": accept}]
     return info
 
 

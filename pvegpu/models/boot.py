@@ -69,3 +69,18 @@ class CpuKernel:
     release: tuple[int, int]
     phys_bits: int | None = None
     qemu_server: tuple[int, int, int] | None = None
+
+
+@dataclass(frozen=True)
+class KernelBoot:
+    """Which kernels a host can boot and which have the NVIDIA module built, as observed (`pvegpu.facts.
+    next_boot`): `running` (`uname -r`), `installed` (`/boot/vmlinuz-<release>`), `pinned` and
+    `next_pinned` (the first lines of proxmox-boot-tool's /etc/kernel/proxmox-boot-pin and
+    /etc/kernel/next-boot-pin; None: no pin), and `built`: per kernel release, the NVIDIA module versions
+    DKMS built for it (`/var/lib/dkms/nvidia*/<version>/<release>/<arch>/module`)."""
+
+    running: str
+    installed: tuple[str, ...]
+    pinned: str | None
+    next_pinned: str | None
+    built: dict[str, tuple[str, ...]]

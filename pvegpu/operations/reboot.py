@@ -21,9 +21,11 @@ from pyinfra.context import host
 
 from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.hardware import PciHardware
+from pvegpu.facts.next_boot import NextBoot
 from pvegpu.facts.node_guests import NodeGuestList
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.plan.kernel_guard import kernel_problems, module_built_anywhere
 from pvegpu.plan.reboot import (
     FOREIGN_SWITCH,
     foreign_refusal,
@@ -121,6 +123,19 @@ def refuse_foreign_reboot(target: Host, node: str, own_vmids: tuple[int, ...], a
             f"{target.print_prefix}rebooting {node} stops what is not pvegpu's ({FOREIGN_SWITCH}): "
             f"{foreign_summary(guests, services)}"
         )
+
+
+def refuse_kernel_without_module(target: Host, driver_version: str, *, proxmox: bool) -> None:
+    """Before `target` reboots onto its own NVIDIA driver (profiles lxc, baremetal): OperationError naming
+    the kernel it boots next and the fix when that kernel lacks the module `driver_version`
+    (plan/kernel_guard.py), once the driver is installed (a module built for some kernel: a first install
+    builds its own). Reads the kernels and DKMS's tree (one command)."""
+    boot = target.get_fact(NextBoot)
+    if not module_built_anywhere(boot, driver_version):
+        return
+    problems = kernel_problems(boot, driver_version, proxmox=proxmox)
+    if problems:
+        raise OperationError(f"{target.name}: reboot refused: {'; '.join(problems)}")
 
 
 def reboot_planned(

@@ -32,7 +32,9 @@ _COUNTS = ("max_concurrency", "completed")  # integers; the rest are numbers (Na
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One concurrency level's result."""
+    """One cell's result: a concurrency level (`context` 0: the short prompts), or a single request with
+    `context` prompt tokens; `accept_length`: MTP's average accepted tokens per step as SGLang reported it
+    (None: no speculative decoding, or a run saved before it was recorded)."""
 
     concurrency: int
     completed: int
@@ -41,6 +43,31 @@ class BenchRow:
     median_ttft_ms: float
     p99_ttft_ms: float
     median_itl_ms: float
+    context: int = 0
+    accept_length: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchCell:
+    """One run of the benchmark: `concurrency` requests at a time with `input_len` prompt tokens; `context`
+    0 for the concurrency levels, else the long prompt's length."""
+
+    concurrency: int
+    input_len: int
+    context: int
+
+    def describe(self) -> str:
+        if self.context:
+            return f"1 request with {self.context} prompt tokens"
+        return f"concurrency {self.concurrency}"
+
+
+def bench_cells(bench: BenchSpec) -> tuple[BenchCell, ...]:
+    """The run's cells in order: each concurrency level, then one request per context."""
+    return (
+        *(BenchCell(level, bench.input_len, 0) for level in bench.concurrency),
+        *(BenchCell(1, context, context) for context in bench.contexts),
+    )
 
 
 Numa = Literal["host", "flat"]
@@ -94,22 +121,24 @@ def speed_settings(
 
 
 def bench_argv(
-    bench: BenchSpec, sglang: SglangSpec, base_url: str, concurrency: int, output_file: str
+    bench: BenchSpec, sglang: SglangSpec, base_url: str, cell: BenchCell, output_file: str
 ) -> tuple[str, ...]:
-    """The benchmark's argv for one concurrency level, appending its result to `output_file`."""
+    """The benchmark's argv for one cell, appending its result to `output_file`."""
+    concurrency = cell.concurrency
     return (
         f"{sglang.venv}/bin/python", "-m", "sglang.benchmark.serving",
         "--backend", "sglang-oai-chat", "--base-url", base_url,
         "--model", sglang.served_model_name, "--tokenizer", sglang.model_path,
         "--dataset-name", "random-ids", "--num-prompts", str(concurrency * bench.prompts_per_level),
         "--max-concurrency", str(concurrency),
-        "--random-input-len", str(bench.input_len), "--random-output-len", str(bench.output_len),
+        "--random-input-len", str(cell.input_len), "--random-output-len", str(bench.output_len),
         "--output-file", output_file,
     )  # fmt: skip
 
 
-def parse_results(lines: Sequence[str]) -> tuple[BenchRow, ...]:
-    """One row per JSON line, in order; PlanError naming the line for bad JSON or a missing key."""
+def parse_results(lines: Sequence[str], input_len: int) -> tuple[BenchRow, ...]:
+    """One row per JSON line, in order; a line whose `random_input_len` is not `input_len` (the levels'
+    prompts) is a long-context cell. PlanError naming the line for bad JSON or a missing key."""
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -124,7 +153,27 @@ def parse_results(lines: Sequence[str]) -> tuple[BenchRow, ...]:
             if isinstance(value, bool) or not isinstance(value, int if counted else int | float):
                 kind = "an integer" if counted else "a number"
                 raise PlanError(f"benchmark result line {number}: {key} is {value!r}, not {kind}")
-        rows.append(BenchRow(int(values[0]), int(values[1]), *map(float, values[2:])))
+        prompt, accepted = record.get("random_input_len", input_len), record.get("accept_length")
+        if isinstance(prompt, bool) or not isinstance(prompt, int):
+            raise PlanError(f"benchmark result line {number}: random_input_len is {prompt!r}, not an integer")
+        if accepted is not None and (isinstance(accepted, bool) or not isinstance(accepted, int | float)):
+            raise PlanError(f"benchmark result line {number}: accept_length is {accepted!r}, not a number")
+        context = 0 if prompt == input_len else prompt
+        accept = float(accepted) if accepted else None  # 0 or None: no speculative decoding
+        floats = dict(zip(_KEYS[2:], map(float, values[2:]), strict=True))
+        rows.append(
+            BenchRow(
+                concurrency=int(values[0]),
+                completed=int(values[1]),
+                output_throughput=floats["output_throughput"],
+                request_throughput=floats["request_throughput"],
+                median_ttft_ms=floats["median_ttft_ms"],
+                p99_ttft_ms=floats["p99_ttft_ms"],
+                median_itl_ms=floats["median_itl_ms"],
+                context=context,
+                accept_length=accept,
+            )
+        )
     return tuple(rows)
 
 
@@ -135,13 +184,14 @@ def results_table(host: str, run_id: str, rows: Sequence[BenchRow], settings: Sp
         "",
         f"Settings in force: {settings.describe()}.",
         "",
-        "| concurrency | requests | output tok/s | requests/s | median TTFT ms | p99 TTFT ms "
-        "| median ITL ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| context | concurrency | requests | output tok/s | requests/s | median TTFT ms | p99 TTFT ms "
+        "| median ITL ms | accept length |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r.concurrency} | {r.completed} | {r.output_throughput:.1f} | {r.request_throughput:.2f} | "
-        f"{r.median_ttft_ms:.1f} | {r.p99_ttft_ms:.1f} | {r.median_itl_ms:.2f} |"
+        f"| {r.context} | {r.concurrency} | {r.completed} | {r.output_throughput:.1f} | "
+        f"{r.request_throughput:.2f} | {r.median_ttft_ms:.1f} | {r.p99_ttft_ms:.1f} | "
+        f"{r.median_itl_ms:.2f} | {'-' if r.accept_length is None else f'{r.accept_length:.2f}'} |"
         for r in rows
     ]
     return "\n".join(lines) + "\n"
@@ -204,8 +254,11 @@ def compared_runs(host: str, runs: Sequence[HistoryRun]) -> tuple[HistoryRun, ..
 
 
 def throughput(run: HistoryRun, concurrency: int) -> float | None:
-    """The run's output tokens/s at `concurrency`; None when it did not measure that level."""
-    return next((row.output_throughput for row in run.rows if row.concurrency == concurrency), None)
+    """The run's output tokens/s at `concurrency` (context 0); None when it did not measure that level."""
+    return next(
+        (row.output_throughput for row in run.rows if row.concurrency == concurrency and not row.context),
+        None,
+    )
 
 
 def change(value: float | None, base: float | None) -> str:
@@ -216,8 +269,8 @@ def change(value: float | None, base: float | None) -> str:
 
 
 def levels_of(runs: Sequence[HistoryRun]) -> tuple[int, ...]:
-    """Every concurrency level the runs measured, ascending."""
-    return tuple(sorted({row.concurrency for run in runs for row in run.rows}))
+    """Every concurrency level (context 0) the runs measured, ascending."""
+    return tuple(sorted({row.concurrency for run in runs for row in run.rows if not row.context}))
 
 
 def comparison_table(host: str, runs: Sequence[HistoryRun]) -> str:

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import struct
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -265,7 +266,7 @@ def test_bench_compares_settings_and_doctor_shows_nccl_with_and_without_topology
 ) -> None:
     """A run without a topology file, then one with (any file the stand-in NCCL can open): each saved and
     labelled as it ran, compared in one table; the doctor shows NCCL's lines of both runs."""
-    bench = {"bench": {"results_dir": str(tmp_path), "concurrency": [1, 4]}}
+    bench = {"bench": {"results_dir": str(tmp_path), "concurrency": [1, 4], "contexts": [16384]}}
     with_file = {"sglang": {"env": {"NCCL_TOPO_FILE": "/etc/hostname"}}}
     for extra in ({}, with_file):
         assert deploy(pyinfra_cli, monkeypatch, guest, extra).rc == 0
@@ -276,14 +277,19 @@ def test_bench_compares_settings_and_doctor_shows_nccl_with_and_without_topology
     assert len(runs) == 2  # run ids are UTC seconds; a run takes longer than that
     table = runs[-1].read_text().splitlines()
     assert table[2] == "Settings in force: numa flat, topo file on, p2p off."
-    assert [row.split(" | ")[:2] for row in table[6:]] == [["| 1", "4"], ["| 4", "16"]]
+    assert [row.split(" | ")[:3] for row in table[6:]] == [
+        ["| 0", "1", "4"],
+        ["| 0", "4", "16"],
+        ["| 16384", "1", "4"],
+    ]
+    assert {row.split(" | ")[-1] for row in table[6:]} == {"2.50 |"}  # MTP's accept length, from /server_info
     assert runs[-1].with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert [
         (run["host"], run["settings"], [row["concurrency"] for row in run["rows"]]) for run in history
     ] == [
-        (guest.name, {"numa": "flat", "topo_file": "off", "p2p": "off"}, [1, 4]),
-        (guest.name, {"numa": "flat", "topo_file": "on", "p2p": "off"}, [1, 4]),
+        (guest.name, {"numa": "flat", "topo_file": "off", "p2p": "off"}, [1, 4, 1]),
+        (guest.name, {"numa": "flat", "topo_file": "on", "p2p": "off"}, [1, 4, 1]),
     ]
     compared = (tmp_path / guest.name / "compare.md").read_text().splitlines()
     assert [row.split(" | ")[:4] + row.split(" | ")[5:6] for row in compared[6:]] == [
@@ -291,6 +297,22 @@ def test_bench_compares_settings_and_doctor_shows_nccl_with_and_without_topology
         ["| flat", "on", "off", runs[1].stem, row_change(compared[7])],
     ]
     assert (tmp_path / guest.name / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Against the reference box: every cell, the reference's MTP-on figure beside it, the ratio of the two.
+    vs = (tmp_path / guest.name / "vs-reference.md").read_text().splitlines()
+    assert vs[0] == f"# {guest.name} against the reference box: run {runs[-1].stem}"
+    assert vs[3].startswith(
+        "This node: MTP on (accept length 2.50); settings in force: numa flat, topo file on"
+    )
+    cells = [line.split(" | ") for line in vs[7:]]
+    assert [(c[0], c[1], c[3]) for c in cells] == [
+        ("| 0", "1", "93.7"),
+        ("| 0", "4", "243.9"),
+        ("| 16384", "1", "83.0"),
+    ]
+    assert [c[4] for c in cells] == [f"{float(c[2]) / float(c[3]):.2f} |" for c in cells]
+    png = (tmp_path / guest.name / "vs-reference.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (1000, 400)  # IHDR: the plot's 10 x 4 in at 100 dpi
 
     doctor = pyinfra_cli("-y", "--limit", guest.name, INVENTORY, "tests/lab/deploys/guest_doctor.py")
 

@@ -45,6 +45,7 @@ from tests.lab.test_lab_faults import (
     STORAGE,
     guest_reached,
 )
+from tests.lab.test_lab_guest import RECIPE_ENV
 from tests.lab.test_lab_vm import START, SYNC, VM
 
 pytestmark = pytest.mark.lab
@@ -435,6 +436,8 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
         translation_rows(pyinfra_cli, monkeypatch, node, tmp_path)
         == [("ok", "passthrough (identity): the IOMMU does not translate the GPU's DMA")] * 8
     )
+    kernel_update_is_guarded(pyinfra_cli, monkeypatch, node, tmp_path)
+    assert reboots(node) == 3
 
     # baremetal -> lxc: the host's SGLang stops (the container serves); the driver stays, no reboot.
     moved, _, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
@@ -448,7 +451,7 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
         None,
         None,
     ]
-    assert reboots(node) == 2
+    assert reboots(node) == 3
 
     back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
 
@@ -463,7 +466,50 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     assert "blacklist nvidia\n" in (fresh_state["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] or "")
     settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(settled.values()) == {"no_change"}
-    assert reboots(node) == 3
+    assert reboots(node) == 4
+
+
+def serves_with_p2p(container_env: str) -> None:
+    """The container's service environment: the P2P NCCL plan and, as it serves the lab's stand-in
+    checkpoint (inventory/lab.py), the recipe with the all-reduce fusion its GPUs' P2P allows."""
+    assert settings(container_env) == [*P2P_SETTINGS, *RECIPE_ENV]
+    assert "\n# sglang --flashinfer-allreduce-fusion-backend auto: " in container_env
+    assert "# Profile lxc: the host driver gives P2P between the GPUs" in container_env
+
+
+def kernel_update_is_guarded(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost, tmp_path: Path
+) -> None:
+    """On its own driver the node's next kernel has the module (the stand-in DKMS built it for the node's
+    image); a kernel update without it is named by the doctor and refuses the next reboot, before anything
+    is written; once built (`dkms autoinstall -k`), the reboot goes ahead once."""
+    monkeypatch.setenv("PVEGPU_DOCTOR_DIR", str(tmp_path))
+    doctor = cli("-y", "--limit", node.name, INVENTORY, "deploy/doctor.py").stderr
+    assert f"[{node.name}] next boot: kernel {boot.KERNEL}: NVIDIA module {DRIVER} built by DKMS\n" in doctor
+    update = "99.1.0-1-pve"
+    (node.root / f"boot/vmlinuz-{update}").write_text("pvegpu lab STAND-IN kernel image\n")
+    missing = (
+        f"kernel {update} (next boot) has no NVIDIA module {DRIVER} built by DKMS (built: none): apt install "
+        f"proxmox-headers-{update}, then dkms autoinstall -k {update}; or pin the running kernel: "
+        f"proxmox-boot-tool kernel pin {ssh(node, 'uname -r').strip()}"
+    )
+    doctor = cli("-y", "--limit", node.name, INVENTORY, "deploy/doctor.py").stderr
+    assert f"[{node.name}] next boot: {missing}\n" in doctor
+    running = boot.running_cmdline_file(node)
+    running.write_text(running.read_text().replace(" pcie_port_pm=off", ""))  # a reboot is due
+    before = reboots(node)
+    _, refused, _ = site(cli, monkeypatch, node, "baremetal", check=False)
+    assert f"{node.name}: reboot refused: {missing}" in refused
+    assert "Traceback" not in refused
+    assert reboots(node) == before
+    built = node.root / f"var/lib/dkms/nvidia/{DRIVER}/{update}/x86_64/module"
+    built.mkdir(parents=True)
+    (built / "nvidia.ko").write_text("")
+    fixed, _, _ = site(cli, monkeypatch, node, "baremetal")
+    assert fixed[REBOOT] == "success"
+    assert reboots(node) == before + 1
+    again, _, _ = site(cli, monkeypatch, node, "baremetal")
+    assert set(again.values()) == {"no_change"}
 
 
 def test_switch_vm_lxc_vm_container_serves_on_the_host_driver_then_fresh_vm_state(
@@ -544,9 +590,7 @@ def test_switch_vm_lxc_vm_container_serves_on_the_host_driver_then_fresh_vm_stat
     assert "Package 'nvidia-kernel-open-dkms' has no installation candidate" in refused.stderr
     assert ssh(ct, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").split() == [DRIVER] * 8
     assert models(ct) == ["glm-5"]
-    container_env = ssh(ct, "cat /etc/pvegpu/sglang.env")
-    assert settings(container_env) == P2P_SETTINGS
-    assert "# Profile lxc: the host driver gives P2P between the GPUs" in container_env
+    serves_with_p2p(ssh(ct, "cat /etc/pvegpu/sglang.env"))
 
     # Drift: another userspace build in the container is reported with both versions.
     other = f"{guest_payload.APT_DIR}/nvidia-driver-cuda_590.48.01-1_all.deb"

@@ -488,7 +488,7 @@ TARGETS: tuple[Target, ...] = (
     Target("pvesh errors (pve.parse_pvesh_output)", _pvesh_error, (PveError,), PVESH_ERRORS),
     Target(
         "benchmark results (plan.bench.parse_results)",
-        parse_results,
+        lambda lines: parse_results(lines, 1024),
         (PlanError,),
         (
             (

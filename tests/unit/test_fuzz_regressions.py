@@ -86,7 +86,7 @@ def test_error_secret_file_mode_not_octal_or_uid_not_ascii(head: str) -> None:
 )  # fmt: skip
 def test_error_bench_result_of_the_wrong_type(line: str, message: str) -> None:
     with pytest.raises(PlanError) as error:
-        parse_results([line])
+        parse_results([line], 1024)
     assert str(error.value) == message
 
 

@@ -17,12 +17,14 @@ from pvegpu.models.bench import BenchSpec
 from pvegpu.models.errors import InventoryError
 from pvegpu.models.p2p import Identity, Record
 from pvegpu.models.sglang import SglangSpec
-from pvegpu.operations.bench import serving_benchmark
+from pvegpu.operations.bench import bench_clock, serving_benchmark
 from pvegpu.plan.bench import (
     BASELINE,
+    BenchCell,
     BenchRow,
     SpeedSettings,
     bench_argv,
+    bench_cells,
     compared_runs,
     comparison_table,
     history_line,
@@ -46,28 +48,54 @@ ROW = BenchRow(8, 32, 812.5, 0.8, 410.25, 980.0, 9.75)
 
 
 def test_argv_offline_dataset_full_names() -> None:
-    argv = bench_argv(BenchSpec(), SglangSpec(), "http://127.0.0.1:30000", 8, "/var/lib/pvegpu/bench/r.jsonl")
+    cell = BenchCell(8, 128, 0)
+    argv = bench_argv(
+        BenchSpec(), SglangSpec(), "http://127.0.0.1:30000", cell, "/var/lib/pvegpu/bench/r.jsonl"
+    )
     assert argv == (
         "/opt/sglang/venv/bin/python", "-m", "sglang.benchmark.serving", "--backend", "sglang-oai-chat",
         "--base-url", "http://127.0.0.1:30000", "--model", "glm-5", "--tokenizer", "/models/GLM-5-NVFP4",
         "--dataset-name", "random-ids", "--num-prompts", "32", "--max-concurrency", "8",
-        "--random-input-len", "1024", "--random-output-len", "1024",
+        "--random-input-len", "128", "--random-output-len", "1024",
         "--output-file", "/var/lib/pvegpu/bench/r.jsonl",
     )  # fmt: skip
 
 
+def test_cells_are_the_reference_matrix_by_default() -> None:
+    assert bench_cells(BenchSpec()) == (
+        *(BenchCell(level, 128, 0) for level in (1, 2, 4, 8, 16, 32, 64)),
+        BenchCell(1, 16384, 16384), BenchCell(1, 32768, 32768), BenchCell(1, 65536, 65536),
+    )  # fmt: skip
+    assert bench_cells(BenchSpec(concurrency=(1, 4), contexts=())) == (
+        BenchCell(1, 128, 0),
+        BenchCell(4, 128, 0),
+    )
+    assert [cell.describe() for cell in bench_cells(BenchSpec(concurrency=(2,), contexts=(4096,)))] == [
+        "concurrency 2",
+        "1 request with 4096 prompt tokens",
+    ]
+
+
+def test_error_contexts_must_be_above_the_prompt() -> None:
+    with pytest.raises(InventoryError) as caught:
+        validate_inventory(
+            [("h", {"node": {"name": "h", "gpus": {"ids": ["10de:2bb1"]}}, "bench": {"contexts": [64]}})]
+        )
+    assert caught.value.problems == ("h: bench: contexts: 64 is not above input_len 128",)
+
+
 def test_parse_table_history() -> None:
-    rows = parse_results([LINE, ""])
+    rows = parse_results([LINE, ""], 1024)
     assert rows == (ROW,)
     assert results_table("gpu-vm", "20260101T000000Z", rows, BASELINE).splitlines() == [
         "# SGLang serving benchmark: gpu-vm, run 20260101T000000Z",
         "",
         "Settings in force: numa flat, topo file off, p2p off.",
         "",
-        "| concurrency | requests | output tok/s | requests/s | median TTFT ms | p99 TTFT ms "
-        "| median ITL ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        "| 8 | 32 | 812.5 | 0.80 | 410.2 | 980.0 | 9.75 |",
+        "| context | concurrency | requests | output tok/s | requests/s | median TTFT ms | p99 TTFT ms "
+        "| median ITL ms | accept length |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| 0 | 8 | 32 | 812.5 | 0.80 | 410.2 | 980.0 | 9.75 | - |",
     ]
     assert json.loads(history_line("gpu-vm", "r1", rows, BASELINE)) == {
         "host": "gpu-vm",
@@ -75,7 +103,8 @@ def test_parse_table_history() -> None:
         "settings": {"numa": "flat", "topo_file": "off", "p2p": "off"},
         "rows": [
             {"concurrency": 8, "completed": 32, "output_throughput": 812.5, "request_throughput": 0.8,
-             "median_ttft_ms": 410.25, "p99_ttft_ms": 980.0, "median_itl_ms": 9.75}
+             "median_ttft_ms": 410.25, "p99_ttft_ms": 980.0, "median_itl_ms": 9.75, "context": 0,
+             "accept_length": None}
         ],
     }  # fmt: skip
 
@@ -85,7 +114,7 @@ def test_error_result_line_named() -> None:
     with pytest.raises(
         PlanError, match=r"^benchmark result line 2: not a result object \('median_itl_ms'\)$"
     ):
-        parse_results([LINE, json.dumps(without_itl)])
+        parse_results([LINE, json.dumps(without_itl)], 1024)
 
 
 def test_plot_is_a_png_of_the_declared_size_with_both_panels() -> None:
@@ -119,13 +148,28 @@ def test_serving_benchmark_command_reads_the_api_key_from_its_file_on_the_host()
         "--base-url",
         "http://127.0.0.1:30000",
     )
-    commands, noops = run_op(serving_benchmark, {}, argv=argv, api_key_file="/etc/pvegpu/sglang api-key")
+    clock = {"clock": "/var/lib/pvegpu/bench/r7.started", "budget_s": 3600}
+    commands, noops = run_op(
+        serving_benchmark, {}, argv=argv, api_key_file="/etc/pvegpu/sglang api-key", **clock
+    )
     assert commands == [
+        "if [ $(( $(date +%s) - $(cat /var/lib/pvegpu/bench/r7.started ) )) -lt 3600 ]; then "
         "OPENAI_API_KEY=$(cat '/etc/pvegpu/sglang api-key' ) /opt/sglang/venv/bin/python -m "
-        "sglang.benchmark.serving --base-url http://127.0.0.1:30000"
+        "sglang.benchmark.serving --base-url http://127.0.0.1:30000 "
+        "; else echo 'pvegpu: skipped: bench.max_minutes spent'; fi"
     ]
     assert noops == []
-    assert run_op(serving_benchmark, {}, argv=argv)[0] == [" ".join(argv)]
+    assert run_op(serving_benchmark, {}, argv=argv, **clock)[0] == [
+        "if [ $(( $(date +%s) - $(cat /var/lib/pvegpu/bench/r7.started ) )) -lt 3600 ]; then "
+        f"{' '.join(argv)} ; else echo 'pvegpu: skipped: bench.max_minutes spent'; fi"
+    ]
+    clock_commands = run_op(
+        bench_clock, {}, path="/var/lib/pvegpu/bench/r7.started", results="/var/lib/pvegpu/bench/r7.jsonl"
+    )[0]
+    assert clock_commands == [
+        "date +%s > /var/lib/pvegpu/bench/r7.started",
+        "touch /var/lib/pvegpu/bench/r7.jsonl",
+    ]
 
 
 IDENTITY = Identity(driver="580.95.05", kernel="6.8.12-4-pve", devices="hostpci0=mapping=gpu0")
@@ -248,7 +292,9 @@ def test_write_reports_adds_the_run_and_rewrites_the_comparison(tmp_path: Path) 
     local.parent.mkdir()
     local.write_text(LINE + "\n")
 
-    write_reports(local, "gpu-vm", "r7", history, P2P)
+    write_reports(
+        local, "gpu-vm", "r7", history=history, settings=P2P, bench=BenchSpec(input_len=1024, contexts=())
+    )
 
     assert (tmp_path / "gpu-vm" / "r7.md").read_text().splitlines()[2] == (
         "Settings in force: numa host, topo file on, p2p probe-passed."

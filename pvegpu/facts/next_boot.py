@@ -33,25 +33,31 @@ _BUILT = re.compile(
 
 
 class NextBoot(FactBase[KernelBoot]):
-    """`host.get_fact(NextBoot)` (module docstring)."""
+    """`host.get_fact(NextBoot)` (module docstring); `root`: the tree it reads, `/` on a host (a test's
+    directory in tests), its paths printed as the host's."""
 
     @override
-    def command(self) -> str:
+    def command(self, root: str = "/") -> str:
         def first_line(path: str) -> str:
             return f"if [ -e {path} ]; then IFS= read -r l < {path} || true; printf '%s\\n' \"$l\"; fi"
+
+        def absolute(pattern: str) -> str:  # every match of `pattern` (relative to root) as /path
+            return f"(cd {shlex.quote(root)} && ls -d {pattern} 2>/dev/null | sed 's|^|/|') || true"
+
+        base = root.rstrip("/")
 
         return "; ".join(
             (
                 f"echo {shlex.quote(marker('running'))}",
                 "uname -r",
                 f"echo {shlex.quote(marker('next_pin'))}",
-                first_line(NEXT_BOOT_PIN),
+                first_line(shlex.quote(base + NEXT_BOOT_PIN)),
                 f"echo {shlex.quote(marker('pin'))}",
-                first_line(PINNED_KERNEL),
+                first_line(shlex.quote(base + PINNED_KERNEL)),
                 f"echo {shlex.quote(marker('images'))}",
-                "ls -d /boot/vmlinuz-* 2>/dev/null || true",
+                absolute("boot/vmlinuz-*"),
                 f"echo {shlex.quote(marker('dkms'))}",
-                f"ls -d {DKMS_TREE}/nvidia*/*/*/*/module 2>/dev/null || true",
+                absolute(f"{DKMS_TREE.lstrip('/')}/nvidia*/*/*/*/module"),
                 f"echo {shlex.quote(marker('end'))}",
             )
         )

@@ -38,7 +38,9 @@ def next_boot_kernel(boot: KernelBoot) -> str | None:
 
 
 def _series(release: str) -> tuple[int, int]:
-    major, minor = [*(int(part) for part in re.findall(r"[0-9]+", release)[:2]), 0, 0][:2]
+    """`7.0.2-1-pve` -> (7, 0): the release's first two numbers, as `release_key` reads them."""
+    numbers = [int(part) for part in _PARTS.findall(release) if part.isdigit()]
+    major, minor = [*numbers, 0, 0][:2]
     return major, minor
 
 

@@ -81,6 +81,11 @@ class EnvSetting:
     reason: str
 
 
+def setting_lines(settings: Sequence[EnvSetting]) -> tuple[str, ...]:
+    """The env file's lines of `settings`: `# reason`, then `NAME=value`, per variable."""
+    return tuple(line for s in settings for line in (f"# {s.reason}", f"{s.name}={s.value}"))
+
+
 @dataclass(frozen=True)
 class FlagSetting:
     """One `sglang serve` flag the profile needs and why."""
@@ -102,11 +107,7 @@ class NcclPlan:
 
     def env_file_lines(self) -> tuple[str, ...]:
         """`# reason` then `NAME=value` per variable, then `# sglang <flag>: reason` per flag."""
-        lines: list[str] = []
-        for setting in self.env:
-            lines += [f"# {setting.reason}", f"{setting.name}={setting.value}"]
-        lines += [f"# sglang {flag.flag}: {flag.reason}" for flag in self.flags]
-        return tuple(lines)
+        return (*setting_lines(self.env), *(f"# sglang {flag.flag}: {flag.reason}" for flag in self.flags))
 
 
 def has_infiniband(hw: HostHardware) -> bool:

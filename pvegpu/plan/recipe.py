@@ -17,6 +17,7 @@ from pvegpu.models.recipe import Checkpoint, Recipe, RecipeTable, load_recipes
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.sglang_options import load_option_table
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.nccl import EnvSetting, setting_lines
 
 # SGLang 0.5.23 refuses PP with speculative decoding at start unless this is set (srt/environ.py, default off;
 # arg_groups/validation_hook.py), with this text.
@@ -37,12 +38,12 @@ class RecipeOption:
 
 @dataclass(frozen=True)
 class RecipePlan:
-    """The recipe in force (`name` None: none), its options and `(name, value, reason)` variables, what it
+    """The recipe in force (`name` None: none), its options and variables, what it
     left out and why (`omitted`), and `notes`: info lines for the run's output."""
 
     name: str | None
     options: tuple[RecipeOption, ...] = ()
-    env: tuple[tuple[str, str, str], ...] = ()
+    env: tuple[EnvSetting, ...] = ()
     omitted: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -55,9 +56,7 @@ class RecipePlan:
         option and each value left out with its reason."""
         if self.name is None:
             return ()
-        lines = [f"# Recipe {self.name} (pvegpu/data/sglang/recipes.json)"]
-        for name, value, reason in self.env:
-            lines += [f"# {reason}", f"{name}={value}"]
+        lines = [f"# Recipe {self.name} (pvegpu/data/sglang/recipes.json)", *setting_lines(self.env)]
         lines += [f"# sglang {' '.join(option.words)}: {option.reason}" for option in self.options]
         lines += [f"# left out: {line}" for line in self.omitted]
         return tuple(lines)
@@ -116,11 +115,7 @@ def plan_recipe(
     elif mtp:
         for option, value in recipe.mtp_args:
             add((option, value), recipe.mtp_source)
-    env = tuple(
-        (variable.name, variable.value, variable.source)
-        for variable in recipe.env
-        if variable.name not in spec.env
-    )
+    env = tuple(EnvSetting(v.name, v.value, v.source) for v in recipe.env if v.name not in spec.env)
     omitted += [f"{v.name}: {SGLANG_KEY}.env sets it" for v in recipe.env if v.name in spec.env]
     return RecipePlan(recipe.name, tuple(options), env, tuple(omitted), tuple(notes))
 

@@ -4,6 +4,7 @@ otherwise, DKMS's build tree, the driver floor of the kernel series; the fact's 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import OperationError
@@ -70,16 +71,26 @@ def test_no_image_says_so() -> None:
     )
 
 
-def test_fact_command_reads_pins_images_and_the_dkms_tree() -> None:
-    command = NextBoot().command()
-    assert "/etc/kernel/next-boot-pin" in command
-    assert "ls -d /var/lib/dkms/nvidia*/*/*/*/module" in command
+def test_fact_command_reads_pins_images_and_the_dkms_tree(tmp_path: Path) -> None:
+    """The one command on a real tree: pin files' first lines, the images, DKMS's module directories."""
+    for image in ("6.8.12-9-pve", "6.14.8-2-pve"):
+        (tmp_path / "boot").mkdir(exist_ok=True)
+        (tmp_path / f"boot/vmlinuz-{image}").write_text("")
+    (tmp_path / "boot/initrd.img-6.8.12-9-pve").write_text("")  # not an image
+    (tmp_path / "etc/kernel").mkdir(parents=True)
+    (tmp_path / "etc/kernel/proxmox-boot-pin").write_text("6.8.12-9-pve\nignored second line\n")
+    (tmp_path / "var/lib/dkms/nvidia/590.48.01/6.8.12-9-pve/x86_64/module").mkdir(parents=True)
+    (tmp_path / "var/lib/dkms/nvidia/590.48.01/source").mkdir()  # DKMS's source link: not a build
+    command = NextBoot().command(root=str(tmp_path))
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    state = parse_next_boot(done.stdout.splitlines())  # this machine's own: whatever it holds, it parses
-    assert (
-        state.running
-        == subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout.strip()
+    running = subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout.strip()
+    assert parse_next_boot(done.stdout.splitlines()) == KernelBoot(
+        running, ("6.14.8-2-pve", "6.8.12-9-pve"), "6.8.12-9-pve", None, {"6.8.12-9-pve": ("590.48.01",)}
     )
+    (tmp_path / "etc/kernel/next-boot-pin").write_text("6.14.8-2-pve")  # no newline, as `echo -n` leaves it
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert parse_next_boot(done.stdout.splitlines()).next_pinned == "6.14.8-2-pve"
+    assert "/etc/kernel/next-boot-pin" in NextBoot().command()  # on a host: its own root
 
 
 def test_parse_lines_of_each_section() -> None:

@@ -47,7 +47,7 @@ def test_glm5_with_mtp_throughput_on_the_vm_without_p2p() -> None:
     plan = plan_recipe(SglangSpec(), glm5(), GPUS, p2p=False)
     assert plan.name == "glm5-nvfp4-sm120"
     assert plan.argv == (*BASE, "--moe-runner-backend", "cutlass", *MTP)
-    assert tuple((name, value) for name, value, _ in plan.env) == ENV
+    assert tuple((setting.name, setting.value) for setting in plan.env) == ENV
     assert plan.notes == ()
     assert plan.omitted == (
         "--flashinfer-allreduce-fusion-backend: no P2P between the GPUs (the reference's "
@@ -127,7 +127,7 @@ def test_operator_overrides_win_and_are_said() -> None:
     )
     plan = plan_recipe(spec, glm5(), GPUS, p2p=False)
     assert plan.argv == (*BASE[2:], *MTP)
-    assert [name for name, _, _ in plan.env] == ["SGLANG_ENABLE_JIT_DEEPGEMM", "PYTORCH_CUDA_ALLOC_CONF"]
+    assert [setting.name for setting in plan.env] == ["SGLANG_ENABLE_JIT_DEEPGEMM", "PYTORCH_CUDA_ALLOC_CONF"]
     assert plan.omitted[0] == "--attention-backend: sglang.extra_args sets it"
     assert plan.omitted[1].startswith("--flashinfer-allreduce-fusion-backend: no P2P between the GPUs")
     assert plan.omitted[2:] == (

@@ -64,7 +64,9 @@ pve_nodes = exit_on_invalid(
                     "name": "llm",
                     "cores": 64,
                     "memory": 786432,
-                    "disk": {"size_gib": 400},
+                    # The model is fetched into the guest (SERVING): ~429 GB of GLM-5-NVFP4 with its MTP
+                    # layer, then the OS and room for a second revision's changed files.
+                    "disk": {"size_gib": 640},
                     # Downloaded by the node; a wrong checksum stops the run before the VM is made, naming
                     # both sums: replace the zeros with the image's SHA512.
                     "image": {"url": DEBIAN_12_IMAGE, "checksum": "0" * 128, "checksum_algorithm": "sha512"},
@@ -82,8 +84,17 @@ pve_nodes = exit_on_invalid(
     ]
 )
 
-# What the VM's guest serves (inventory/baremetal.py and inventory/lxc.py serve it elsewhere).
-SERVING = {"sglang": {"model_path": "/srv/models/GLM-5-NVFP4", "served_model_name": "glm-5"}}
+# What the VM's guest serves (inventory/baremetal.py and inventory/lxc.py serve it elsewhere), fetched from
+# Hugging Face by the serving host itself, resumed after a cut and verified file by file (README, "The
+# model"). Pin "model_revision" to a commit to serve the same weights everywhere; a gated repository needs
+# "hf_token_file": "/root/hf-token" (root's 0600 file on the serving host).
+SERVING = {
+    "sglang": {
+        "model_path": "/srv/models/GLM-5-NVFP4-MTP",
+        "model_repo": "festr2/GLM-5-NVFP4-MTP",
+        "served_model_name": "glm-5",
+    }
+}
 
 # The VM's guest, once pvegpu has made it (named after the VM, at its address, as root with its login key):
 # the NVIDIA driver and the SGLang service (deploy/guest.py, deploy/site.py).

@@ -4,7 +4,9 @@ made the VM from the lab's stand-in Debian cloud image, reached at its static ad
 host keys pvegpu generated), plus any other guest host the lab identifies itself (an installed VM, a test's
 own `python -m lab.guest_payload NAME`), and every container host a Proxmox lab node started for a CT
 (lab.pve.container) in group `lxc_guests`; guests of both kinds get `driver` and `sglang` data pointing at
-their local stand-in sources (lab/guest_payload.py), a container's `node.profile` is `lxc`.
+their local stand-in sources (lab/guest_payload.py), a container's `node.profile` is `lxc`. A node's VM guest
+fetches its model (`sglang.model_repo`) from the stand-in hub the node's lab hypervisor serves it
+(lab/hub.py); the others serve the stand-in checkpoint the lab put on them.
 
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
@@ -32,7 +34,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lab import guest_payload, images
+from lab import guest_payload, hub, images
 from lab.hosts import SYSFS_ROOT, LabHost, known_hosts_path, list_hosts
 from lab.pve import api_setup
 from lab.pve import node as pve_node
@@ -169,10 +171,29 @@ pve_nodes = exit_on_invalid(
 baremetal_hosts = exit_on_invalid_guests([(name, data) for name, data in pve_nodes if "sglang" in data])
 # As inventory.py, inventory/lxc.py and inventory/baremetal.py do: the VMs' guests serve on `vm`, the
 # containers on `lxc` (a guest of the profile not in use is stopped by the switch).
+_by_name = {host.name: host for host in _hosts}
+
+
+def _fetching(node: LabHost) -> dict[str, Any]:
+    """A node's VM guest fetches the model from the stand-in hub its lab hypervisor serves at the guest's
+    gateway (lab/hub.py), as a real guest fetches it from Hugging Face (`sglang.model_repo`)."""
+    gateway = f"10.200.{node.index + 100}.1"  # the guest's `ipconfig` (_vm)
+    fetch = {"model_repo": hub.REPO, "hf_endpoint": hub.endpoint(gateway), "hf_token_file": hub.TOKEN_FILE}
+    return {**GUEST_DATA, "sglang": {**GUEST_DATA["sglang"], "model_path": FETCHED_MODEL, **fetch}}
+
+
+FETCHED_MODEL = "/srv/models/GLM-5-NVFP4-MTP"
 vm_guests = (
     [
-        # A cloud-init guest runs under systemd-nspawn: its fake sysfs is where lab.hosts puts it then.
-        *guests_of(pve_nodes, {**GUEST_DATA, "node": {"sysfs_root": SYSFS_ROOT["nspawn"]}}),
+        # A cloud-init guest runs under systemd-nspawn: its fake sysfs is where lab.hosts puts it then. One
+        # call per node: each guest reaches its own hub.
+        *(
+            guest
+            for entry in pve_nodes
+            for guest in guests_of(
+                [entry], {**_fetching(_by_name[entry[0]]), "node": {"sysfs_root": SYSFS_ROOT["nspawn"]}}
+            )
+        ),
         *exit_on_invalid_guests(
             [
                 (host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)})

@@ -11,6 +11,8 @@
 #      $PVEGPU_LAB_CACHE (default /var/cache/pvegpu-lab), unpacked there once as the hosts'
 #      shared base; rebuilt when its package list or recipe changes                        ~75 s
 #   4. the kernel tier's kernel and initramfs, cached there too (lab/kernel/prepare.sh)      ~10 s
+#   5. the wheels of the pinned huggingface_hub for the lab hosts' hub venv, from PyPI, cached
+#      there too (lab/guest_payload.py hub_wheels)                                           ~5 s
 # Keep $PVEGPU_LAB_CACHE where it survives between CI runs; where it does not, steps 3-4 rebuild it.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -57,5 +59,8 @@ base=$(cd "$repo" && "$venv/bin/python" -m lab.root)
 
 # 4. the kernel tier (prints its cache directory)
 kernel=$(bash "$repo/lab/kernel/prepare.sh")
+
+# 5. huggingface_hub's wheels (the model fetch in the lab)
+(cd "$repo" && "$venv/bin/python" -c 'from lab import guest_payload; guest_payload.hub_wheels()')
 
 step "ready: venv $venv, lab base $base, kernel tier $kernel"

@@ -28,7 +28,8 @@ What the roles meet in the lab is what they meet on a real host, minus the paylo
   (lab/standins/sglang_bench.py) as `sglang.benchmark.serving`, and beside it the stand-in `torch`
   (lab/standins/torch_standin.py: what pvegpu's P2P probe uses; the real wheel pulls torch in);
   `pip install --no-index --find-links` takes it for `sglang==<pinned>` (a local version label matches the
-  public pin).
+  public pin); and the real wheels of the pinned huggingface_hub and what it needs (`hub_wheels`: downloaded
+  once from PyPI into the lab cache), for pvegpu's hub venv (the model fetch).
 - `<host>/srv/pvegpu-lab/models/GLM-5-NVFP4-MTP/`: a STAND-IN checkpoint, what pvegpu and SGLang read of
   one without its weights: the `config.json` of GLM-5 NVFP4 with its MTP layer (the keys SGLang 0.5.23 and
   pvegpu's recipe read) and a `model.safetensors.index.json` whose weight map names tensors of layers 0-78
@@ -61,6 +62,7 @@ from lab.errors import LabError
 from lab.pve.guest import Passed, q35_guest
 from lab.topologies import NVIDIA, TOPOLOGIES
 from lab.topology import Topology, place
+from pvegpu.models.model_store import HF_HUB_VERSION
 
 STANDINS = Path(__file__).with_name("standins")
 OPTION_DATA = Path(__file__).resolve().parents[1] / "pvegpu/data/sglang"
@@ -390,6 +392,8 @@ def install(host: hosts.LabHost) -> None:
     )
     for source, target in copies:
         shutil.copytree(source, host.root / target.lstrip("/"), dirs_exist_ok=True)
+    # pvegpu's hub venv installs huggingface_hub from the same mirror.
+    shutil.copytree(hub_wheels(), host.root / WHEEL_DIR.lstrip("/"), dirs_exist_ok=True)
     settings = host.root / SETTINGS.lstrip("/")
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text(
@@ -426,3 +430,23 @@ if __name__ == "__main__":
         sys.exit("usage: python -m lab.guest_payload NAME")
     started = up_guest(sys.argv[1])
     print(json.dumps({"name": started.name, "address": started.address, "topology": started.topology}))
+
+
+def hub_wheels() -> Path:
+    """huggingface_hub==HF_HUB_VERSION and what it needs, as wheels, downloaded once into the lab's cache."""
+    path = root.cache_dir() / f"hub-wheels-{HF_HUB_VERSION}"
+    if path.is_dir():
+        return path
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    download = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+    result = subprocess.run(
+        [*download, "--only-binary", ":all:", "--dest", str(partial), f"huggingface_hub=={HF_HUB_VERSION}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise LabError(f"lab: pip download huggingface_hub=={HF_HUB_VERSION} failed: {result.stderr.strip()}")
+    partial.rename(path)
+    return path

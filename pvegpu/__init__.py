@@ -13,6 +13,7 @@ Layers (one job each; imports point down only, one import-linter contract each):
     pvegpu.local         the operator's machine: guest keys, create records, host-key probe
     pvegpu.cli           the `pvegpu` command (offline topology/mapping) and its reports
     pvegpu.hook          the node's pre-start hook (standard library only)
+    pvegpu.fetch         the model fetcher, uploaded alone (standard library and huggingface_hub only)
     pvegpu.models        pydantic specs (declared) and frozen dataclasses (observed)
 
 `pvegpu.cli.main` is the offline command line (`pvegpu topology`, ...): it reads a captured /sys tree with the

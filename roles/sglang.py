@@ -1,6 +1,7 @@
 """sglang: SGLang serving the model as a systemd service, with the NCCL settings of the node's profile.
 
-System user, venv with the pinned SGLang, model directory (optional download), `/etc/pvegpu/sglang.env`
+System user, venv with the pinned SGLang, model directory (with `model_repo`: fetched and verified by
+`pvegpu-model-fetch.service`, `pvegpu.operations.model_fetch`), `/etc/pvegpu/sglang.env`
 (0600: the NCCL plan, each variable after its reason), on a VM guest `/etc/pvegpu/nccl-topo.xml` (its GPUs'
 host NUMA nodes and PCIe links, `pvegpu.plan.nccl_topo`) and `sglang.service` from templates; the service
 restarts only when its unit, environment, topology file or venv changed, then pvegpu waits for /health
@@ -19,12 +20,16 @@ from pyinfra.context import host
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
+from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT, FETCH_UNIT_FILE
+from pvegpu.models.sglang import SglangSpec
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.from_state import directory, file_content, packages, service, system_group, system_user
+from pvegpu.operations.model_fetch import fetcher_source, model_fetch
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
-from pvegpu.operations.sglang import model_download, sglang_ready, sglang_venv
+from pvegpu.operations.sglang import sglang_ready, sglang_venv
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.model_fetch import fetch_config, fetch_exec_start
 from pvegpu.plan.nccl import conf_file_problems
 from pvegpu.plan.recipe import plan_recipe
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
@@ -103,17 +108,10 @@ def sglang() -> None:
         pip_args=spec.pip_args,
     )
     directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
-    if spec.model_repo is not None:
-        model_download(
-            name=f"Download {spec.model_repo}",
-            model_path=spec.model_path,
-            repo=spec.model_repo,
-            venv=spec.venv,
-            user=spec.user,
-            token_file=spec.hf_token_file,
-        )
     directory(name=f"Create {PVEGPU_ETC}", path=PVEGPU_ETC, mode="755")
     directory(name=f"Create {PVEGPU_LIB}", path=PVEGPU_LIB, mode="755")
+    if spec.model_repo is not None:
+        _model(spec)
     topo_file = None
     if topo is not None:
         topo_file = nccl_topo_file(
@@ -183,3 +181,23 @@ def sglang() -> None:
         timeout_s=spec.start_timeout_s,
         starting=any(op.will_change for op in (started, *changes)),
     )
+
+
+def _model(spec: SglangSpec) -> None:
+    """`model_repo` fetched into `model_path` and verified by `pvegpu-model-fetch.service`."""
+    file_content(name="Upload pvegpu's model fetcher", content=fetcher_source(), path=FETCH_SCRIPT)
+    file_content(name="Write the model fetch's settings", content=fetch_config(spec), path=FETCH_CONFIG)
+    unit = file_content(
+        name=f"Write {FETCH_UNIT}",
+        content=render(
+            "model/pvegpu-model-fetch.service.j2",
+            repo=spec.model_repo,
+            model_path=spec.model_path,
+            user=spec.user,
+            token_file=spec.hf_token_file,
+            exec_start=fetch_exec_start(FETCH_CONFIG),
+        ),
+        path=FETCH_UNIT_FILE,
+    )
+    systemd.daemon_reload(name=f"Reload systemd's units ({FETCH_UNIT})", _if=any_changed(unit))
+    model_fetch(name=f"Fetch and verify {spec.model_repo}", spec=spec)

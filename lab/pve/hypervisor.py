@@ -19,7 +19,8 @@ for the `.answer` beside it. This process runs on the lab machine (started with 
   and answers `{"ok": true, "pid": <this process>, "guest": null}`. A booting VM brings up the guest lab host
   `<node>v<vmid>` with the Q35 (or i440FX, machine `pc`) sysfs of those devices (lab.pve.guest), copied from
   the node's current topology, no driver bound, and the guest's software sources installed (lab.guest_payload:
-  stand-in NVIDIA apt repository, sglang wheel). A cloud image's first boot applies `cloud_init`
+  stand-in NVIDIA apt repository, sglang wheel) and its stand-in Hugging Face hub, served on the guest's veth
+  until the guest stops (lab.hub: the model fetch's source). A cloud image's first boot applies `cloud_init`
   (lab.cloud_init: hostname, users and keys, SSH host key, address; the lab does not record its host key); an
   installed system (not a cloud image) gets the lab's own identity. When the guest runs qemu-guest-agent, the
   agent's `network-get-interfaces` answer goes to `<node root>/var/lib/pvegpu-lab/agent/<vmid>.json` (the
@@ -54,7 +55,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
-from lab import cloud_init, guest_payload, hosts, images
+from lab import cloud_init, guest_payload, hosts, hub, images
 from lab.errors import LabError
 from lab.pve import agent, container, qemu_check
 from lab.pve.guest import GuestError, Passed, guest_topology
@@ -64,6 +65,16 @@ from lab.topologies import TOPOLOGIES
 
 POLL_S = 0.1
 EXEC_TIMEOUT_S = 170.0  # under pct's wait (the stand-ins' hypervisor_timeout_s, 180 s by default)
+
+
+# The stand-in hub of each running guest (lab/hub.py), on its veth: the model fetch's source.
+_HUBS: dict[str, hub.Hub] = {}
+
+
+def _close_hub(name: str) -> None:
+    served = _HUBS.pop(name, None)
+    if served is not None:
+        served.close()
 
 
 def guest_name(node: str, vmid: int) -> str:
@@ -82,6 +93,7 @@ def handle(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[s
         return agent.handle(name, request)
     if request["action"] == "stop":
         agent.remove(node_host, vmid)
+        _close_hub(name)
         hosts.down(name)
         hosts.remove_dependent(node, name)
         return {"ok": True}
@@ -125,6 +137,8 @@ def start_vm(
             customize=(lambda root: cloud_init.apply(root, first_boot)) if first_boot else None,
         )
         guest_payload.install(guest)
+        _close_hub(name)
+        _HUBS[name] = hub.provide(guest)
         for path, content in images.esp_files(image).items():
             (guest.root / "boot/efi" / path).parent.mkdir(parents=True, exist_ok=True)
             (guest.root / "boot/efi" / path).write_bytes(content)

@@ -24,6 +24,8 @@
     layers    only when requested: the `model.layers.N` numbers of a checkpoint's weight index (sorted,
               one a line), or `missing` (no index): whether it holds the MTP layer, without reading the
               whole map (GLM-5's names ~100,000 tensors)
+    store     only when requested: the model directory's files, `<size> <mtime> <path>` each, or `missing`
+              (`pvegpu.facts.model_store`): whether the fetcher's verified files are still as it left them
     probe     only when requested: SGLang's readiness probe (`pvegpu.facts.sglang.probe_command`), run in
               the background from the start of the command, so its HTTP calls overlap the other parts;
               nothing when the shell could not make its temporary file (the probe is then not read)
@@ -47,6 +49,7 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.model_store import parse_store, store_command
 from pvegpu.facts.nvidia import nvidia_smi_command, parse_nvidia_smi, parse_version_file
 from pvegpu.facts.p2p_record import parse_record
 from pvegpu.facts.parsing import ParseError
@@ -54,6 +57,7 @@ from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
 from pvegpu.facts.sections import marker, split_sections
 from pvegpu.facts.sglang import VERSION_SCRIPT, Probe, VenvState, parse_probe, parse_venv, probe_command
 from pvegpu.models.guest_state import MISSING, PathKind, PathState, UnitState, UserEntry
+from pvegpu.models.model_store import StoreFile
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.p2p import RECORD_PATH, Record
 from pvegpu.models.secret_file import SecretFile
@@ -64,7 +68,7 @@ SECTIONS = (
     "end",
 )  # fmt: skip
 # Printed only when requested (in this order, before `end`), so a read without them keeps its old shape.
-_OPTIONAL = ("initramfs", "records", "layers", "probe")
+_OPTIONAL = ("initramfs", "records", "layers", "store", "probe")
 # pyinfra's readings of systemd's states (pyinfra.facts.systemd): these SubStates are "running", these
 # UnitFileStates "enabled"; the operations that replace pyinfra's decide exactly as it did.
 RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mounted"})
@@ -89,6 +93,7 @@ class StateRequest:
     secrets: tuple[str, ...] = ()
     records: tuple[str, ...] = ()
     weight_index: str | None = None
+    model_store: str | None = None
     initramfs_after: str | None = None
     version_file: str = "/proc/driver/nvidia/version"
     probe: ProbeTarget | None = None
@@ -116,6 +121,7 @@ class HostState:
     secrets: Mapping[str, SecretFile] = field(default_factory=dict)
     records: Mapping[str, str | None] = field(default_factory=dict)
     layers: frozenset[int] | None = None
+    store: Mapping[str, StoreFile] | None = None
     p2p_record: Record | None = None
     stale_initramfs: tuple[str, ...] = ()
     probe: Probe | None = None
@@ -202,6 +208,11 @@ def state_command(request: StateRequest) -> str:
             if request.weight_index is not None
             else []
         ),
+        *(
+            [f"{_open('store')}; {store_command(request.model_store)}"]
+            if request.model_store is not None
+            else []
+        ),
         *([_probe_part()] if request.probe is not None else []),
         f"{_open('end')}",
     ]
@@ -264,6 +275,7 @@ def parse_state(lines: Sequence[str]) -> HostState:
             secrets=parse_secret_files(text("secrets")),
             records=records,
             layers=_layers(sections["layers"]) if "layers" in sections else None,
+            store=parse_store(text("store")) if "store" in sections else None,
             p2p_record=parse_record(records.get(RECORD_PATH)),
             stale_initramfs=_initramfs(sections.get("initramfs", [])),
             probe=parse_probe(text("probe")) if sections.get("probe") else None,

@@ -344,8 +344,25 @@ class SglangSpec(BaseModel):
         default=None,
         pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$",
         description=(
-            "Hugging Face repository to download into `model_path` when it has no `config.json` "
-            "(e.g. `nvidia/GLM-5-NVFP4`); None: the model is put there by other means."
+            "Hugging Face repository fetched into `model_path` (e.g. `nvidia/GLM-5-NVFP4`) by "
+            "`pvegpu-model-fetch.service` on the host: resumed after a cut, every file checked against the "
+            "hub's size and sha256, free space checked first; None: the model is put there by other means."
+        ),
+    )
+    model_revision: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9]+([._/-][A-Za-z0-9]+)*$",  # git's ref rules: no `..`, no `//`, no end `.`
+        description=(
+            "Revision of `model_repo` (a commit, tag or branch); None: `main` as it is at the first fetch, "
+            "recorded with its commit and kept (a later run does not follow the branch)."
+        ),
+    )
+    hf_endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[A-Za-z0-9.:\[\]-]+(/[A-Za-z0-9._~/-]*)?$",
+        description=(
+            "The hub's address for `model_repo` (a mirror, the lab's stand-in); None: huggingface_hub's "
+            "default, https://huggingface.co."
         ),
     )
     hf_token_file: AbsolutePath | None = Field(
@@ -374,6 +391,13 @@ class SglangSpec(BaseModel):
         if size == 0:
             raise ValueError("must be -1 (no chunking) or at least 1 (got 0)")
         return size
+
+    @field_validator("model_revision", "hf_endpoint")
+    @classmethod
+    def _needs_repo(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("model_repo") is None:
+            raise ValueError("applies to `model_repo`, which is not set")
+        return value
 
     @field_validator("admin_api_key_file")
     @classmethod

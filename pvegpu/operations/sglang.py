@@ -1,6 +1,7 @@
-"""SGLang operations: the pinned package in its venv, the model download, and readiness after a start.
+"""SGLang operations: the pinned package in its venv and readiness after a start (the model:
+`pvegpu.operations.model_fetch`).
 
-The venv and the model decide from the host's one state read (`pvegpu.run.host_state.state_of`); the user,
+The venv decides from the host's one state read (`pvegpu.run.host_state.state_of`); the user,
 files, unit and restarts are `pvegpu.operations.from_state`'s.
 """
 
@@ -67,26 +68,6 @@ def sglang_venv(
     yield StringCommand(
         QuoteString(f"{venv}/bin/pip"), "install", "--disable-pip-version-check", "--quiet",
         *map(QuoteString, pip_args), QuoteString(f"sglang=={version}"),
-    )  # fmt: skip
-
-
-@operation()
-def model_download(
-    *, model_path: str, repo: str, venv: str, user: str, token_file: str | None = None
-) -> Generator[StringCommand, None, None]:
-    """`repo` downloaded into `model_path` with the venv's `hf` CLI when `model_path/config.json` is absent.
-
-    The token stays in `token_file` on the host: `HF_TOKEN_PATH` names the file, so no command line and
-    no log holds the token. The files are then given to `user`.
-    """
-    if state_of(host).path(f"{model_path}/config.json").kind == "file":
-        host.noop(f"{model_path} holds a model (config.json is there): no download")
-        return
-    env = ["env", f"HF_TOKEN_PATH={token_file}"] if token_file else []
-    yield StringCommand(
-        *map(QuoteString, env), QuoteString(f"{venv}/bin/hf"), "download", QuoteString(repo),
-        "--local-dir", QuoteString(model_path),
-        "&&", "chown", "-R", QuoteString(f"{user}:{user}"), QuoteString(model_path),
     )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
 from pvegpu.models.groups import PVE_NODES
+from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT_FILE, record_path
 from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
 from pvegpu.models.recipe import Checkpoint
@@ -143,14 +144,19 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         UNIT_FILE,
     ]
     checkpoint = spec.recipe != "none"
+    fetched = spec.model_repo is not None
+    if fetched:
+        paths += [FETCH_SCRIPT, FETCH_CONFIG, FETCH_UNIT_FILE]
     return replace(
         request,
         records=(
             *request.records,
             *nccl_conf_paths(specs),
             *(checkpoint_records(spec.model_path) if checkpoint else ()),
+            *([record_path(spec.model_path)] if fetched else []),
         ),
         weight_index=f"{spec.model_path}/{WEIGHT_INDEX}" if checkpoint else None,
+        model_store=spec.model_path if fetched else None,
         paths=tuple(dict.fromkeys(paths)),
         units=(*request.units, SERVICE),
         users=(spec.user,),

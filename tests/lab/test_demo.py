@@ -39,15 +39,18 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         # cloud image downloaded, the user-data snippet, the pre-start hook, the VM created from the image,
         # its disk grown, started, its guest's host key recorded; no host driver to park, no i440FX VM to
         # convert, no pending config change to apply); the guest is not in run 1's inventory (it did not
-        # exist when run 1 connected). Run 2 changes 22 operations on the guest (driver, SGLang, NCCL's
-        # topology file) and none on the node (its 15, plus the guest's already-present packages); the
-        # doctor changes nothing.
+        # exist when run 1 connected). Run 2 changes 27 operations on the guest (driver, the model fetched
+        # from the node's stand-in hub: the fetcher, its settings, its unit, the reload, the fetch; SGLang,
+        # NCCL's topology file) and none on the node (its 15, plus the guest's already-present packages);
+        # the doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
             ("15", "12", "-", "3"),
-            ("37", "22", "-", "15"),
+            ("42", "27", "-", "15"),
             ("-", "-", "-", "-"),
         ]
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output
+        fetched = rf"\[{name}v100\] model: festr2/GLM-5-NVFP4-MTP@[0-9a-f]{{40}}: 4 files, 24\.3 MB, verified"
+        assert re.search(fetched, output), output
         gpus = re.findall(r"^(gpu\d)  (\S+)  10de:2bb1 10de:204b .* passable$", output, re.MULTILINE)
         assert [gpu for gpu, _ in gpus] == [f"gpu{index}" for index in range(8)], output
         # The doctor: this run's NCCL read pvegpu's topology file; the journal has no run without it.

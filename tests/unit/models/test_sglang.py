@@ -57,6 +57,8 @@ def test_defaults_serve_glm5_nvfp4_tp8_on_loopback() -> None:
         "venv": "/opt/sglang/venv",
         "pip_args": (),
         "model_repo": None,
+        "model_revision": None,
+        "hf_endpoint": None,
         "hf_token_file": None,
         "start_timeout_s": 1200,
     }
@@ -190,6 +192,18 @@ def test_readme_rows_come_from_the_descriptions() -> None:
         "Absolute path of the model directory on the serving host (`--model-path`). |"
     )
     assert rows[8].startswith("| `sglang.mem_fraction_static` | number | `0.88` | ")
-    assert rows[-7].startswith("| `sglang.env` | mapping of string to string | `{}` | ")
+    assert rows[-9].startswith("| `sglang.env` | mapping of string to string | `{}` | ")
     assert rows[-1].startswith("| `sglang.start_timeout_s` | integer | `1200` | ")
     assert all(info.description for info in SglangSpec.model_fields.values())
+
+
+def test_model_revision_and_endpoint_need_a_repository_and_a_clean_value() -> None:
+    assert problems({"model_revision": "v1"}) == [
+        "h: sglang.model_revision: applies to `model_repo`, which is not set"
+    ]
+    assert problems({"model_repo": "a/b", "model_revision": "main..x", "hf_endpoint": "ftp://mirror"}) == [
+        "h: sglang.model_revision: String should match pattern '^[A-Za-z0-9]+([._/-][A-Za-z0-9]+)*$' "
+        "(got 'main..x')",
+        "h: sglang.hf_endpoint: String should match pattern '^https?://[A-Za-z0-9.:\\[\\]-]+"
+        "(/[A-Za-z0-9._~/-]*)?$' (got 'ftp://mirror')",
+    ]

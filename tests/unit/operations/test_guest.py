@@ -29,7 +29,6 @@ from pvegpu.operations.sglang import (
     MASK_SCRIPT,
     MASKED,
     journal_command,
-    model_download,
     sglang_ready,
     sglang_venv,
 )
@@ -222,7 +221,7 @@ def test_create_verified_checks_on_the_host_after_install() -> None:
     call(commands[0], FakeShell({"cat": [OPEN_580_FILE], "nvidia-smi": rows}))
 
 
-# --- sglang_venv, model_download ----------------------------------------------------------------
+# --- sglang_venv -------------------------------------------------------------------------------
 
 
 def venv(
@@ -251,29 +250,6 @@ def test_noop_venv_local_label_matches_pin(monkeypatch: pytest.MonkeyPatch) -> N
         [],
         ["venv /opt/sglang/venv has sglang 0.5.23+pvegpulab"],
     )
-
-
-def test_create_model_download_token_by_path_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    decide_from(monkeypatch, host_state(paths={"/models/GLM-5-NVFP4/config.json": MISSING}))
-    commands, _ = run_op(
-        model_download,
-        {},
-        model_path="/models/GLM-5-NVFP4",
-        repo="nvidia/GLM-5-NVFP4",
-        venv="/opt/sglang/venv",
-        user="sglang",
-        token_file="/root/hf-token",
-    )
-    assert commands == [
-        "env HF_TOKEN_PATH=/root/hf-token /opt/sglang/venv/bin/hf download nvidia/GLM-5-NVFP4 "
-        "--local-dir /models/GLM-5-NVFP4 && chown -R sglang:sglang /models/GLM-5-NVFP4"
-    ]
-
-
-def test_noop_model_present(monkeypatch: pytest.MonkeyPatch) -> None:
-    decide_from(monkeypatch, host_state(paths={"/m/config.json": _file("{}")}))
-    result = run_op(model_download, {}, model_path="/m", repo="a/b", venv="/v", user="sglang")
-    assert result == ([], ["/m holds a model (config.json is there): no download"])
 
 
 # --- sglang_ready -----------------------------------------------------------------------------

@@ -1,0 +1,81 @@
+"""The fetcher's record and status files (pvegpu/fetch/main.py writes them), and the model directory's
+file list as the host's one state read prints it (`store_command`). Pure parsers."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile
+
+
+def store_command(directory: str) -> str:
+    """Every regular file under `directory` but the fetcher's own `.pvegpu/`: `<size> <mtime> <path>` (GNU
+    find's `%T@`: seconds, then ten digits of which nine are the nanoseconds), or `missing`."""
+    quoted = shlex.quote(directory)
+    return (
+        f"if [ -d {quoted} ]; then find {quoted} -path {shlex.quote(directory + '/.pvegpu')} -prune -o "
+        "-type f -printf '%s %T@ %P\\n'; else echo missing; fi"
+    )
+
+
+def parse_store(lines: Sequence[str]) -> Mapping[str, StoreFile] | None:
+    """`store_command`'s lines -> each file by its path under the directory; None: no directory."""
+    if [line.strip() for line in lines] == ["missing"]:
+        return None
+    files = {}
+    for line in lines:
+        if not line:
+            continue
+        size, mtime, path = [*line.split(" ", 2), "", ""][:3]
+        seconds, _, fraction = mtime.partition(".")
+        if not (size.isdigit() and seconds.isdigit() and fraction.isdigit() and path):
+            raise FactParseError(f"model store: {line!r} is not '<size> <seconds.fraction> <path>'")
+        files[path] = StoreFile(int(size), int(seconds) * 10**9 + int(fraction[:9].ljust(9, "0")))
+    return files
+
+
+def parse_model_record(text: str | None) -> ModelRecord | None:
+    """The record's JSON -> ModelRecord; None when absent or not a record (the fetcher writes it again)."""
+    value = _json(text)
+    try:
+        files = {
+            path: StoreFile(int(entry["size"]), int(entry["mtime_ns"]))
+            for path, entry in value["files"].items()
+        }
+        return ModelRecord(
+            repo=str(value["repo"]),
+            revision=value["revision"],
+            commit=value["commit"],
+            complete=value["complete"] is True,
+            files=files,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def parse_fetch_status(text: str | None) -> FetchStatus | None:
+    """`status.json` -> FetchStatus; None when absent or half-written."""
+    value = _json(text)
+    try:
+        return FetchStatus(
+            state=str(value["state"]),
+            done=int(value.get("done", 0)),
+            total=int(value.get("total", 0)),
+            message=value.get("message"),
+            time=float(value["time"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -1,0 +1,81 @@
+"""Whether the model in `sglang.model_path` is the verified `model_repo`@`model_revision`, and what the fetch
+unit is given and shows: its config, its ExecStart, the run's progress lines.
+
+Complete (no fetch): the fetcher's record is of this repository and revision, says complete, and every file
+it verified is there with the size and mtime it had when checked (the host's state read lists them). Any
+other state starts the fetch (or attaches to the one running), which checks again and fetches what is
+missing or changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from pvegpu.models.model_store import FETCH_SCRIPT, HUB_VENV, FetchStatus, ModelRecord, StoreFile
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.plan.sglang_service import systemd_word
+
+FETCH_WORKERS = 8  # files at a time, as huggingface_hub's snapshot_download
+
+
+def fetch_reason(
+    spec: SglangSpec, record: ModelRecord | None, files: Mapping[str, StoreFile] | None
+) -> str | None:
+    """Why the model must be fetched (or checked) again; None when it is complete as verified."""
+    wanted = f"{spec.model_repo}@{spec.model_revision or 'main'}"
+    if record is None:
+        return f"{wanted}: not fetched yet (no record of a verified fetch)"
+    if (record.repo, record.revision) != (spec.model_repo, spec.model_revision):
+        return f"{wanted}: the record is of {record.repo}@{record.revision or 'main'}"
+    if not record.complete or record.commit is None:
+        return f"{wanted}: the last fetch did not finish"
+    on_disk = files or {}
+    for path, checked in sorted(record.files.items()):
+        if path not in on_disk:
+            return f"{wanted}: {path} is missing"
+        if on_disk[path] != checked:
+            return f"{wanted}: {path} changed since it was verified"
+    return None
+
+
+def complete_line(spec: SglangSpec, record: ModelRecord) -> str:
+    size = sum(file.size for file in record.files.values())
+    files = f"{len(record.files)} files, {size_text(size)}"
+    return f"{spec.model_path}: {spec.model_repo}@{record.commit}: {files}, verified"
+
+
+def fetch_config(spec: SglangSpec) -> str:
+    """The fetcher's config (pvegpu/fetch/main.py); no secret: the token is systemd's credential."""
+    config = {
+        "repo": spec.model_repo,
+        "revision": spec.model_revision,
+        "dir": spec.model_path,
+        "endpoint": spec.hf_endpoint,
+        "workers": FETCH_WORKERS,
+    }
+    return json.dumps(config, indent=1, sort_keys=True) + "\n"
+
+
+def fetch_exec_start(config_path: str) -> str:
+    return " ".join(systemd_word(word) for word in (f"{HUB_VENV}/bin/python", FETCH_SCRIPT, config_path))
+
+
+def progress_line(status: FetchStatus, rate: float | None) -> str:
+    """`model: 1.2 GB of 429 GB (0%), 95.1 MB/s, ETA 1:15:03` (rate: bytes a second since the last line)."""
+    share = f" ({100 * status.done // status.total}%)" if status.total else ""
+    line = f"model: {size_text(status.done)} of {size_text(status.total)}{share}"
+    if rate is None or rate <= 0:
+        return line
+    left = max(0, status.total - status.done) / rate
+    hours, rest = divmod(round(left), 3600)
+    return f"{line}, {size_text(rate)}/s, ETA {hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def size_text(count: float) -> str:
+    """Decimal units, three significant digits (the fetcher's own, pvegpu/fetch/main.py `size_text`)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if count < 999.5 or unit == "TB":
+            break
+        count /= 1000
+    return f"{count:.0f} {unit}" if count >= 99.5 or unit == "B" else f"{count:.3g} {unit}"

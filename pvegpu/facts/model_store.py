@@ -1,15 +1,21 @@
 """The fetcher's record and status files (pvegpu/fetch/main.py writes them), and the model directory's
-file list as the host's one state read prints it (`store_command`). Pure parsers."""
+file list as the host's one state read prints it (`store_command`); pure parsers. `ModelStoreRead` reads
+the record and the list in one command, for the doctor."""
 
 from __future__ import annotations
 
+import binascii
 import json
 import shlex
+from base64 import b64decode
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
 from pvegpu.facts.errors import FactParseError
-from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile
+from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile, record_path
 
 
 def store_command(directory: str) -> str:
@@ -67,6 +73,7 @@ def parse_fetch_status(text: str | None) -> FetchStatus | None:
             total=int(value.get("total", 0)),
             message=value.get("message"),
             time=float(value["time"]),
+            phase=value.get("phase"),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -79,3 +86,22 @@ def _json(text: str | None) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+class ModelStoreRead(FactBase[tuple[ModelRecord | None, Mapping[str, StoreFile] | None]]):
+    """The fetcher's record and the model directory's file list in one command, for the doctor (a run
+    reads both in the host's one state read): `host.get_fact(ModelStoreRead, model_path=...)`."""
+
+    @override
+    def command(self, model_path: str) -> str:
+        record = shlex.quote(record_path(model_path))
+        return f"if [ -f {record} ]; then base64 -w0 < {record}; fi; echo; {store_command(model_path)}"
+
+    @override
+    def process(self, output: list[str]) -> tuple[ModelRecord | None, Mapping[str, StoreFile] | None]:
+        encoded, files = (output[0] if output else ""), output[1:]
+        try:
+            text = b64decode(encoded, validate=True).decode() if encoded else None
+        except (binascii.Error, UnicodeDecodeError):
+            raise FactParseError(f"model store: the record is not base64: {encoded[:40]!r}") from None
+        return parse_model_record(text), parse_store(files)

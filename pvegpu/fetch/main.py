@@ -208,6 +208,7 @@ class Fetch:
             ):
                 self.record.verified(target, expected)
                 self.done += expected.size
+                self.status.write(state="running", phase="checking", done=self.done, total=self.total)
                 continue
             if target.exists():
                 print(f"{expected.path}: not the revision's content, fetched again", flush=True)

@@ -39,13 +39,15 @@ class ModelRecord:
 
 @dataclass(frozen=True)
 class FetchStatus:
-    """The fetcher's `status.json`: `state` running|verified|failed, bytes `done` of `total`, `message`."""
+    """The fetcher's `status.json`: `state` running|verified|failed, bytes `done` of `total`, `message`;
+    while running, `phase` listing|checking (the files on disk hashed) |downloading."""
 
     state: str
     done: int
     total: int
     message: str | None
     time: float
+    phase: str | None = None
 
 
 def record_path(model_path: str) -> str:

@@ -62,9 +62,11 @@ def fetch_exec_start(config_path: str) -> str:
 
 
 def progress_line(status: FetchStatus, rate: float | None) -> str:
-    """`model: 1.2 GB of 429 GB (0%), 95.1 MB/s, ETA 1:15:03` (rate: bytes a second since the last line)."""
+    """`model: 1.2 GB of 429 GB (0%), 95.1 MB/s, ETA 1:15:03` (rate: bytes a second since the last line);
+    while the files on disk are hashed, `model: checking what is on disk: 120 GB of 429 GB (27%), ...`."""
     share = f" ({100 * status.done // status.total}%)" if status.total else ""
-    line = f"model: {size_text(status.done)} of {size_text(status.total)}{share}"
+    checking = "checking what is on disk: " if status.phase == "checking" else ""
+    line = f"model: {checking}{size_text(status.done)} of {size_text(status.total)}{share}"
     if rate is None or rate <= 0:
         return line
     left = max(0, status.total - status.done) / rate

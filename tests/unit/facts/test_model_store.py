@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -9,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.facts.model_store import parse_fetch_status, parse_model_record, parse_store, store_command
+from pvegpu.facts.model_store import (
+    ModelStoreRead,
+    parse_fetch_status,
+    parse_model_record,
+    parse_store,
+    store_command,
+)
 from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile
 
 
@@ -54,3 +61,28 @@ def test_record_and_status() -> None:
     status = '{"state": "running", "done": 5, "total": 10, "time": 1.5}'
     assert parse_fetch_status(status) == FetchStatus("running", 5, 10, None, 1.5)
     assert parse_fetch_status('{"state": "failed"}') is None
+
+
+def test_the_doctors_read_gives_the_record_and_the_files_of_a_real_tree(tmp_path: Path) -> None:
+    (tmp_path / ".pvegpu").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    stat = os.stat(tmp_path / "config.json")
+    record = {
+        "repo": "a/b",
+        "revision": "v1",
+        "commit": "c" * 40,
+        "complete": True,
+        "files": {"config.json": {"size": 2, "mtime_ns": stat.st_mtime_ns, "sha256": None, "blob_id": "x"}},
+    }
+    (tmp_path / ".pvegpu/model.json").write_text(json.dumps(record))
+    fact = ModelStoreRead()
+    shell = subprocess.run(
+        ["sh", "-c", fact.command(str(tmp_path))], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
+    files = {"config.json": StoreFile(2, stat.st_mtime_ns)}
+    assert fact.process(shell) == (ModelRecord("a/b", "v1", "c" * 40, True, files), files)
+    (tmp_path / ".pvegpu/model.json").unlink()
+    shell = subprocess.run(
+        ["sh", "-c", fact.command(str(tmp_path / "absent"))], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
+    assert fact.process(shell) == (None, None)

@@ -64,3 +64,7 @@ def test_progress_lines() -> None:
     assert progress_line(status, None) == "model: 1.2 GB of 429 GB (0%)"
     assert progress_line(status, 95_100_000) == "model: 1.2 GB of 429 GB (0%), 95.1 MB/s, ETA 1:14:58"
     assert progress_line(FetchStatus("running", 0, 0, None, 0.0), None) == "model: 0 B of 0 B"
+    checking = FetchStatus("running", 120 * 10**9, 429 * 10**9, None, 0.0, "checking")
+    assert progress_line(checking, 2 * 10**9) == (
+        "model: checking what is on disk: 120 GB of 429 GB (27%), 2 GB/s, ETA 0:02:34"
+    )

@@ -10,10 +10,12 @@
     units     `systemctl show` of the requested units: `Id=`, `SubState=`, `UnitFileState=` blocks
     users     per requested user that exists: its passwd line, then `:<primary group name>`
     groups    per requested group that exists: its group line
-    venvs     per requested venv: `none\\t<venv>` (no interpreter) or `version <v>|none\\t<venv>` (sglang's),
-              checked in the background from the start of the command, as the probe is
+    venvs     per requested venv: `none\\t<venv>` (no interpreter) or `version <v>|none\\t<venv>` (sglang's:
+              its dist-info's METADATA, else the venv's Python asked), checked in the background from the
+              start of the command, as the probe is
     module    the NVIDIA version file (nothing: no module loaded)
-    smi       nvidia-smi's GPU list, or its message (`pvegpu.facts.nvidia`)
+    smi       nvidia-smi's GPU list, or its message (`pvegpu.facts.nvidia`), run in the background from the
+              start of the command, as the venvs' check is
     secrets   the `SecretFiles` lines of the requested key files (counts only, never content)
     initramfs only when requested: the names of the /boot/initrd.img-* images not newer than the requested
               file (the nouveau blacklist: mkinitramfs copies /etc/modprobe.d, update-initramfs renames the
@@ -149,14 +151,27 @@ _PATH_SCRIPT = (
 )
 
 
+# A venv's sglang version: from its one `sglang-*.dist-info/METADATA` in the site-packages of the interpreter
+# `bin/python` resolves to (`pythonX.Y`: a symlinked venv, what `python3 -m venv` makes), read by the shell,
+# since a Python started in a real SGLang venv spends ~0.1 s on its .pth files; else (copied interpreter,
+# no or several dist-infos) that Python is asked, as importlib.metadata sees it.
+_VENV_SCRIPT = (
+    'if [ -x "$v/bin/python" ]; then r=; i=$(readlink -f -- "$v/bin/python"); i=${i##*/}; '
+    "case $i in python[0-9]*.[0-9]*) n=0; "
+    'for f in "$v/lib/$i/site-packages"/sglang-*.dist-info/METADATA; do '
+    '[ -f "$f" ] && n=$((n+1)) && m=$f; done; '
+    "if [ $n -eq 1 ]; then while IFS= read -r l; do case $l in "
+    '"Version: "*) r="version ${l#Version: }"; break;; "") break;; esac; done < "$m"; fi;; esac; '
+    '[ -n "$r" ] || r=$("$v/bin/python" -c "$s" 2>&1 | tail -n 1); printf "%s\\t%s\\n" "$r" "$v"; '
+    'else printf "none\\t%s\\n" "$v"; fi'
+)
+
+
 def state_command(request: StateRequest) -> str:
     """The one command (module docstring); it exits 0 whatever it finds."""
     secrets = SecretFiles().command(request.secrets) if request.secrets else "true"
     venvs = (
-        f"s={shlex.quote(VERSION_SCRIPT)}; "
-        f'for v in {_words(request.venvs)}; do if [ -x "$v/bin/python" ]; then '
-        'printf "%s\\t%s\\n" "$("$v/bin/python" -c "$s" 2>&1 | tail -n 1)" "$v"; '
-        'else printf "none\\t%s\\n" "$v"; fi; done'
+        f"s={shlex.quote(VERSION_SCRIPT)}; for v in {_words(request.venvs)}; do {_VENV_SCRIPT}; done"
         if request.venvs
         else ""
     )
@@ -180,7 +195,7 @@ def state_command(request: StateRequest) -> str:
         else f"{_open('groups')}",
         f"{_open('venvs')}; {_collected(_VENVS, venvs)}" if venvs else f"{_open('venvs')}",
         f"{_open('module')}; cat {shlex.quote(request.version_file)} 2>/dev/null",
-        f"{_open('smi')}; {nvidia_smi_command()}",
+        f"{_open('smi')}; {_collected(_SMI, nvidia_smi_command())}",
         f"{_open('secrets')}; {secrets}",
         *(
             [
@@ -216,7 +231,7 @@ def state_command(request: StateRequest) -> str:
         *([_probe_part()] if request.probe is not None else []),
         f"{_open('end')}",
     ]
-    command = "; ".join(f"{{ {part}; }}" for part in parts)
+    command = f"{_started(_SMI, nvidia_smi_command())}; " + "; ".join(f"{{ {part}; }}" for part in parts)
     if venvs:
         command = f"{_started(_VENVS, venvs)}; {command}"
     if request.probe is None:
@@ -228,10 +243,12 @@ def state_command(request: StateRequest) -> str:
     )
 
 
-# The venvs' version check starts a Python per venv (with its site-packages' .pth files: the longest part of
-# the read on a real SGLang venv), so it runs in the background from the start, its output kept in a temporary
-# file and printed in its place; inline, as before, when the shell cannot make the file.
+# The venvs' version check may start a Python per venv (`_VENV_SCRIPT`'s fallback, with its site-packages'
+# .pth files), so it runs in the background from the start, its output kept in a temporary file and printed
+# in its place; inline, as before, when the shell cannot make the file.
 _VENVS = "pvegpu_venvs"
+# nvidia-smi too: it takes tens of milliseconds (more with the GPUs idle and persistence off).
+_SMI = "pvegpu_smi"
 
 
 def _started(var: str, command: str) -> str:

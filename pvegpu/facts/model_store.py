@@ -1,6 +1,8 @@
 """The fetcher's record and status files (pvegpu/fetch/main.py writes them), and the model directory's
 file list as the host's one state read prints it (`store_command`); pure parsers. `ModelStoreRead` reads
-the record and the list in one command, for the doctor."""
+the record and the list in one command, for the doctor. While a run waits for the fetch unit:
+`fetch_look_command` (its status file and the unit's state, one command; `parse_fetch_look`),
+`fetch_start_command`, `fetch_journal_command`."""
 
 from __future__ import annotations
 
@@ -9,13 +11,21 @@ import json
 import shlex
 from base64 import b64decode
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
-from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile, record_path
+from pvegpu.models.model_store import (
+    FETCH_UNIT,
+    FetchStatus,
+    ModelRecord,
+    StoreFile,
+    record_path,
+    status_path,
+)
 
 
 def store_command(directory: str) -> str:
@@ -77,6 +87,51 @@ def parse_fetch_status(text: str | None) -> FetchStatus | None:
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+@dataclass(frozen=True)
+class FetchLook:
+    """One look at the fetch: its status file (None: absent or half-written) and the unit's `ActiveState`
+    and `Result` (systemd's words; empty when systemctl printed none)."""
+
+    status: FetchStatus | None
+    active: str
+    result: str
+
+
+def fetch_look_command(model_path: str) -> str:
+    """The status file on one line (an empty line: none), then `systemctl show` of the unit's ActiveState and
+    Result (`KEY=value` lines, in systemd's order)."""
+    status = shlex.quote(status_path(model_path))
+    return (
+        f"cat {status} 2>/dev/null | tr -d '\\n'; echo; "
+        f"systemctl show --property ActiveState --property Result {FETCH_UNIT}"
+    )
+
+
+def parse_fetch_look(lines: Sequence[str]) -> FetchLook:
+    """`fetch_look_command`'s lines -> FetchLook. Pure; FactParseError for a unit line not KEY=value."""
+    status = parse_fetch_status(lines[0] if lines and lines[0] else None)
+    unit = {}
+    for line in lines[1:]:
+        key, equals, value = line.partition("=")
+        if not equals:
+            raise FactParseError(f"model fetch: {line!r} is not a systemctl show KEY=value line")
+        unit[key] = value
+    return FetchLook(status, unit.get("ActiveState", ""), unit.get("Result", ""))
+
+
+def fetch_start_command(model_path: str) -> str:
+    """The unit started without waiting for it, its last status and failed state cleared first."""
+    return (
+        f"rm -f {shlex.quote(status_path(model_path))}; systemctl reset-failed {FETCH_UNIT} 2>/dev/null; "
+        f"systemctl start --no-block {FETCH_UNIT}"
+    )
+
+
+def fetch_journal_command(lines: int) -> str:
+    """The unit's last `lines` journal lines, their messages only."""
+    return f"journalctl --unit {FETCH_UNIT} --lines {lines} --output cat --no-pager"
 
 
 def _json(text: str | None) -> Any:

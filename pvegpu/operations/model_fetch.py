@@ -9,7 +9,6 @@ its SSH connection left it going) and the run waits for it, printing a progress 
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Generator, Sequence
 from pathlib import Path
@@ -21,14 +20,20 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 import pvegpu.fetch
-from pvegpu.facts.model_store import parse_fetch_status, parse_model_record
+from pvegpu.facts.model_store import (
+    FetchLook,
+    fetch_journal_command,
+    fetch_look_command,
+    fetch_start_command,
+    parse_fetch_look,
+    parse_model_record,
+)
 from pvegpu.models.model_store import (
     FETCH_UNIT,
     HF_HUB_VERSION,
     HUB_VENV,
     FetchStatus,
     record_path,
-    status_path,
 )
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.api_command import api_command
@@ -63,48 +68,29 @@ def hub_venv_command(pip_args: Sequence[str]) -> StringCommand:
     )  # fmt: skip
 
 
-def _look_command(model_path: str) -> str:
-    status = shlex.quote(status_path(model_path))
-    return (
-        f"cat {status} 2>/dev/null | tr -d '\\n'; echo; "
-        f"systemctl show --property ActiveState --property Result {FETCH_UNIT}"
-    )
-
-
-def _look(model_path: str) -> tuple[FetchStatus | None, str, str]:
-    """The status file and the unit's ActiveState and Result, in one command."""
-    _, output = host.run_shell_command(_look_command(model_path), print_output=False)
-    lines = output.stdout_lines
-    status = parse_fetch_status(lines[0] if lines and lines[0] else None)
-    unit = dict(line.partition("=")[::2] for line in lines[1:])
-    return status, unit.get("ActiveState", ""), unit.get("Result", "")
+def _look(model_path: str) -> FetchLook:
+    _, output = host.run_shell_command(fetch_look_command(model_path), print_output=False)
+    return parse_fetch_look(output.stdout_lines)
 
 
 def _journal() -> str:
-    _, output = host.run_shell_command(
-        f"journalctl --unit {FETCH_UNIT} --lines {JOURNAL_LINES} --output cat --no-pager", print_output=False
-    )
+    _, output = host.run_shell_command(fetch_journal_command(JOURNAL_LINES), print_output=False)
     return "\n".join(output.stdout_lines)
 
 
 def wait_for_fetch(model_path: str) -> None:
     """Start the unit, or attach to it when it runs (a run cut with its SSH connection left it going), then
     wait for its verdict, with progress lines."""
-    _, active, _ = _look(model_path)
-    if active in _RUNNING:
+    if _look(model_path).active in _RUNNING:
         logger.info(f"{host.print_prefix}model: attaching to the fetch already running ({FETCH_UNIT})")
     else:
-        stale = shlex.quote(status_path(model_path))
-        host.run_shell_command(
-            f"rm -f {stale}; systemctl reset-failed {FETCH_UNIT} 2>/dev/null; "
-            f"systemctl start --no-block {FETCH_UNIT}",
-            print_output=False,
-        )
+        host.run_shell_command(fetch_start_command(model_path), print_output=False)
     started = time.monotonic()
     last_line: tuple[float, int] | None = None
     last_byte = (started, -1)
     while True:
-        status, active, result = _look(model_path)
+        look = _look(model_path)
+        status, active, result = look.status, look.active, look.result
         now = time.monotonic()
         waiting = active in _RUNNING or (
             active == "inactive" and status is None and now - started < _START_GRACE_S

@@ -319,3 +319,49 @@ def test_a_follower_probe_asks_its_own_health_then_rank_0s() -> None:
         Probe(False, "rank 0 at http://127.0.0.1:9: <urlopen error [Errno 111] Connection refused>"),
         Probe(False, "<urlopen error [Errno 111] Connection refused>"),
     ]
+
+
+def _venv_state(venv: Path) -> VenvState:
+    """The `venvs` section of the command run here with sh, for one venv."""
+    command = state_command(StateRequest(venvs=(str(venv),)))
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    return parse_state(done.stdout.splitlines()).venvs[str(venv)]
+
+
+def _site_packages(venv: Path, python: str) -> Path:
+    return venv / "lib" / Path(python).name / "site-packages"
+
+
+def test_a_symlinked_venv_is_read_from_its_dist_info_without_starting_python(tmp_path: Path) -> None:
+    """`bin/python` -> the real interpreter (pythonX.Y, as `python3 -m venv` links it): the version is the
+    METADATA's, which that Python (no pyvenv.cfg, no sglang) would not report."""
+    interpreter = os.path.realpath(sys.executable)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(interpreter, venv / "bin/python")
+    dist = _site_packages(venv, interpreter) / "sglang-0.5.23.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.4\nName: sglang\nVersion: 0.5.23\n\nVersion: 9\n")
+    assert _venv_state(venv) == VenvState(True, "0.5.23")
+    # Two dist-infos: the interpreter decides (it has no sglang on its path).
+    (dist.parent / "sglang-0.5.22.dist-info").mkdir()
+    (dist.parent / "sglang-0.5.22.dist-info/METADATA").write_text("Name: sglang\nVersion: 0.5.22\n")
+    assert _venv_state(venv) == VenvState(True, None)
+
+
+def test_a_venv_of_another_interpreter_or_a_copied_one_asks_its_python(tmp_path: Path) -> None:
+    """A dist-info under another pythonX.Y than the interpreter's (the OS's python3 upgraded under the venv)
+    is not taken; a copied `bin/python` (not pythonX.Y once resolved) is run."""
+    interpreter = os.path.realpath(sys.executable)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(interpreter, venv / "bin/python")
+    stale = venv / "lib/python3.1/site-packages/sglang-0.5.23.dist-info"
+    stale.mkdir(parents=True)
+    (stale / "METADATA").write_text("Name: sglang\nVersion: 0.5.23\n")
+    assert _venv_state(venv) == VenvState(True, None)
+    copied = tmp_path / "copied"
+    (copied / "bin").mkdir(parents=True)
+    (copied / "bin/python").write_text("#!/bin/sh\necho 'version 7.7'\n")
+    os.chmod(copied / "bin/python", 0o755)
+    assert _venv_state(copied) == VenvState(True, "7.7")

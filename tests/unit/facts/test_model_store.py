@@ -1,4 +1,5 @@
-"""The model directory's file list (GNU find's output, read here) and the fetcher's record and status."""
+"""The model directory's file list (GNU find's output, read here), the fetcher's record and status, and the
+look at its unit (on a real capture)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.model_store import (
+    FetchLook,
     ModelStoreRead,
+    fetch_journal_command,
+    fetch_look_command,
+    fetch_start_command,
+    parse_fetch_look,
     parse_fetch_status,
     parse_model_record,
     parse_store,
@@ -86,3 +92,44 @@ def test_the_doctors_read_gives_the_record_and_the_files_of_a_real_tree(tmp_path
         ["sh", "-c", fact.command(str(tmp_path / "absent"))], check=True, capture_output=True, text=True
     ).stdout.splitlines()
     assert fact.process(shell) == (None, None)
+
+
+# A look at the lab VM guest's fetch unit after the demo, over SSH (2026-12-03): status.json, then
+# `systemctl show --property ActiveState --property Result pvegpu-model-fetch.service` (systemd 252 prints
+# Result first).
+LOOK = (
+    '{"state": "verified", "done": 24320865, "total": 24320865, "message": "festr2/GLM-5-NVFP4-MTP@22421ef230'
+    '7503bcaa146f585e3de67f4dc44d77: 4 files, 24.3 MB, verified", "time": 1796334153.0879157}',
+    "Result=success",
+    "ActiveState=inactive",
+)
+
+
+def test_the_look_at_the_fetch_unit() -> None:
+    assert fetch_look_command("/srv/models/GLM 5") == (
+        "cat '/srv/models/GLM 5/.pvegpu/status.json' 2>/dev/null | tr -d '\\n'; echo; "
+        "systemctl show --property ActiveState --property Result pvegpu-model-fetch.service"
+    )
+    look = parse_fetch_look(LOOK)
+    assert (look.active, look.result) == ("inactive", "success")
+    assert look.status == FetchStatus(
+        "verified",
+        24320865,
+        24320865,
+        "festr2/GLM-5-NVFP4-MTP@22421ef2307503bcaa146f585e3de67f4dc44d77: 4 files, 24.3 MB, verified",
+        1796334153.0879157,
+    )
+    assert parse_fetch_look(("", "ActiveState=activating")) == FetchLook(None, "activating", "")
+    assert parse_fetch_look(('{"state": "runn', "ActiveState=activating", "Result=success")).status is None
+    with pytest.raises(FactParseError, match="'Failed to get properties' is not a systemctl show KEY=value"):
+        parse_fetch_look(("", "Failed to get properties"))
+
+
+def test_the_start_and_journal_commands() -> None:
+    assert fetch_start_command("/m") == (
+        "rm -f /m/.pvegpu/status.json; systemctl reset-failed pvegpu-model-fetch.service 2>/dev/null; "
+        "systemctl start --no-block pvegpu-model-fetch.service"
+    )
+    assert fetch_journal_command(20) == (
+        "journalctl --unit pvegpu-model-fetch.service --lines 20 --output cat --no-pager"
+    )

@@ -17,6 +17,8 @@ import pytest
 from lab.standins import hf_hub
 from pvegpu.fetch import main as fetch
 from pvegpu.models import model_store
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.plan.model_fetch import fetch_config
 from pvegpu.plan.model_fetch import size_text as plan_size_text
 
 REPO = "zai-org/GLM-5-NVFP4"
@@ -51,12 +53,10 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, 
 
 
 def run(endpoint: str, store: Path, revision: str | None = None) -> tuple[int, list[str]]:
+    """The fetcher on the config a run writes for it (`plan.model_fetch.fetch_config` of the spec)."""
     config = store.parent / "fetch.json"
-    config.write_text(
-        json.dumps(
-            {"repo": REPO, "revision": revision, "dir": str(store), "endpoint": endpoint, "workers": 2}
-        )
-    )
+    spec = SglangSpec(model_path=str(store), model_repo=REPO, model_revision=revision, hf_endpoint=endpoint)
+    config.write_text(fetch_config(spec))
     printed: list[str] = []
     return fetch.main(["main.py", str(config)], printed.append), printed
 

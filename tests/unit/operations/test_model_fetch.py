@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pyinfra.api.command import FunctionCommand
+from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_read import HostState
 from pvegpu.fetch import main as fetcher
 from pvegpu.models.model_store import StoreFile
 from pvegpu.models.sglang import SglangSpec
-from pvegpu.operations.model_fetch import fetcher_source, model_fetch
+from pvegpu.operations import model_fetch as model_fetch_op
+from pvegpu.operations.model_fetch import fetcher_source, model_fetch, wait_for_fetch
 from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import run_op
 
@@ -69,3 +72,104 @@ def test_otherwise_the_hub_venv_then_the_wait(
 
 def test_the_host_gets_the_fetcher_file_unchanged() -> None:
     assert fetcher_source() == Path(fetcher.__file__).read_text()
+
+
+LOOK = "cat /m/.pvegpu/status.json 2>/dev/null | tr -d '\\n'; echo; " + (
+    "systemctl show --property ActiveState --property Result pvegpu-model-fetch.service"
+)
+START = (
+    "rm -f /m/.pvegpu/status.json; systemctl reset-failed pvegpu-model-fetch.service 2>/dev/null; "
+    "systemctl start --no-block pvegpu-model-fetch.service"
+)
+JOURNAL = "journalctl --unit pvegpu-model-fetch.service --lines 20 --output cat --no-pager"
+
+
+def status(state: str, done: int = 0, total: int = 0, message: str | None = None) -> str:
+    return json.dumps({"state": state, "done": done, "total": total, "message": message, "time": 1.0})
+
+
+class Host:
+    """The wait's view of the host: each command's stdout scripted, each command and log line kept."""
+
+    print_prefix = "[h] "
+
+    def __init__(self, answers: list[tuple[str, ...]]) -> None:
+        self.answers, self.commands, self.lines = answers, list[str](), list[str]()
+
+    def run_shell_command(self, command: str, **_: object) -> tuple[bool, SimpleNamespace]:
+        self.commands.append(command)
+        return True, SimpleNamespace(stdout_lines=list(self.answers.pop(0)))
+
+
+OP = "pvegpu.operations.model_fetch"
+
+
+def wait(monkeypatch: pytest.MonkeyPatch, answers: list[tuple[str, ...]]) -> Host:
+    """`wait_for_fetch("/m")` with the clock moving 5 s at each poll; raises what it raises."""
+    fake = Host(answers)
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(model_fetch_op, "host", fake)
+    monkeypatch.setattr(f"{OP}.logger.info", fake.lines.append)
+    monkeypatch.setattr(f"{OP}.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(f"{OP}.time.sleep", lambda _: None)
+    try:
+        wait_for_fetch("/m")
+    finally:
+        monkeypatch.undo()
+    return fake
+
+
+def test_the_wait_starts_the_unit_prints_progress_at_most_every_10_s_and_ends_verified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inactive = ("", "Result=success", "ActiveState=inactive")
+    running = "ActiveState=activating"
+    host = wait(
+        monkeypatch,
+        [
+            inactive,
+            (),  # the start
+            ("", running),  # the --no-block start's job has not run yet
+            (status("running", 0, 4_000_000_000), running),
+            (status("running", 1_000_000_000, 4_000_000_000), running),
+            (status("running", 2_000_000_000, 4_000_000_000), running),
+            (
+                status("verified", 4_000_000_000, 4_000_000_000, "r@c: 2 files, 4.00 GB, verified"),
+                "Result=success",
+            ),
+        ],
+    )
+    assert host.commands == [LOOK, START, LOOK, LOOK, LOOK, LOOK, LOOK]
+    assert host.answers == []
+    assert host.lines == [
+        "[h] model: 0 B of 4 GB (0%)",
+        "[h] model: 2 GB of 4 GB (50%), 200 MB/s, ETA 0:00:10",
+        "[h] model: r@c: 2 files, 4.00 GB, verified",
+    ]
+
+
+def test_the_wait_attaches_to_a_running_fetch_and_fails_with_its_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    refusal = "model: needs 429 GB on /m, 312 GB free"
+    with pytest.raises(OperationError) as raised:
+        wait(
+            monkeypatch,
+            [("", "ActiveState=activating"), (status("failed", message=refusal), "ActiveState=failed")],
+        )
+    assert str(raised.value) == refusal
+
+
+def test_a_fetch_that_ends_otherwise_names_its_result_and_journal(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = [
+        ("", "ActiveState=failed", "Result=exit-code"),
+        (),  # the start
+        (status("running", 5, 10), "ActiveState=failed", "Result=signal"),
+        ("Killed", "x"),
+    ]
+    with pytest.raises(OperationError) as raised:
+        wait(monkeypatch, answers)
+    assert str(raised.value) == (
+        "model: pvegpu-model-fetch.service ended signal (last status: running, 5 B of 10 B); the next run "
+        "resumes from the bytes on disk; its last journal lines:\nKilled\nx"
+    )

@@ -14,7 +14,7 @@ import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -280,7 +280,8 @@ class SglangSpec(BaseModel):
     enable_metrics: bool = Field(
         default=True,
         description=(
-            "Serve Prometheus metrics at `/metrics` (`--enable-metrics`; SGLang exempts it from the key)."
+            "Serve Prometheus metrics at `/metrics` (`--enable-metrics`). SGLang answers `/metrics` without "
+            "the API key, so beyond loopback (`host`) it is off by default and refused when set."
         ),
     )
     nnodes: StrictInt = Field(
@@ -421,6 +422,30 @@ class SglangSpec(BaseModel):
                 f"{shown(host)} is not a loopback address: listening beyond this host needs api_key_file"
             )
         return host
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metrics_off_beyond_loopback(cls, data: Any) -> Any:
+        """`enable_metrics` unset on a host listening beyond loopback: off (`_metrics_as_the_api`)."""
+        if isinstance(data, dict) and "enable_metrics" not in data:
+            host = data.get("host", "127.0.0.1")
+            if isinstance(host, str) and _HOST.fullmatch(host) and not is_loopback(host):
+                return {**data, "enable_metrics": False}
+        return data
+
+    @field_validator("enable_metrics")
+    @classmethod
+    def _metrics_as_the_api(cls, enabled: bool, info: ValidationInfo) -> bool:
+        # SGLang 0.5.23 (srt/utils/auth.py decide_request_auth) lets /health*, /ready* and /metrics* through
+        # without a key: beyond loopback they would be open while the API asks for the key.
+        host = info.data.get("host")
+        if enabled and isinstance(host, str) and not is_loopback(host):
+            raise ValueError(
+                f"SGLang answers /metrics without the API key, so with host {shown(host)} anyone who reaches "
+                "the port reads it: set enable_metrics: false (the default there), or keep host on loopback "
+                "and scrape on the host"
+            )
+        return enabled
 
     @field_validator("node_rank")
     @classmethod

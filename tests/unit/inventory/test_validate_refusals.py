@@ -179,6 +179,10 @@ CASES: list[tuple[str, object, list[str]]] = [
     # Listening beyond loopback, key paths.
     ("public-without-key", sglang(host="0.0.0.0"),
      ["h: sglang.host: '0.0.0.0' is not a loopback address: listening beyond this host needs api_key_file"]),
+    ("public-metrics", sglang(host="0.0.0.0", api_key_file="/k", enable_metrics=True),
+     ["h: sglang.enable_metrics: SGLang answers /metrics without the API key, so with host '0.0.0.0' anyone "
+      "who reaches the port reads it: set enable_metrics: false (the default there), or keep host on "
+      "loopback and scrape on the host"]),
     ("relative-key", sglang(api_key_file="key"),
      ["h: sglang.api_key_file: must be an absolute path (got 'key')"]),
     ("relative-admin-key", sglang(admin_api_key_file="admin.key"),

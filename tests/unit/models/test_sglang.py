@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from pvegpu.inventory.tables import spec_table_markdown
 from pvegpu.inventory.validate import ROLE_SPECS, validate_inventory
@@ -92,6 +93,17 @@ def test_option_table_is_the_pinned_version_with_its_deprecations() -> None:
 def test_listening_beyond_loopback_with_an_api_key() -> None:
     spec = SglangSpec(host="0.0.0.0", api_key_file="/etc/pvegpu/sglang.key")
     assert (spec.host, spec.api_key_file) == ("0.0.0.0", "/etc/pvegpu/sglang.key")
+
+
+def test_metrics_are_served_only_where_the_api_is_loopback() -> None:
+    """SGLang answers /metrics without the key: on by default on loopback, off beyond it, never on there."""
+    assert SglangSpec().enable_metrics is True
+    assert SglangSpec(host="::1", enable_metrics=True).enable_metrics is True
+    assert SglangSpec(host="10.0.0.5", api_key_file="/k").enable_metrics is False
+    assert SglangSpec(host="10.0.0.5", api_key_file="/k", enable_metrics=False).enable_metrics is False
+    with pytest.raises(ValidationError) as raised:
+        SglangSpec(host="0.0.0.0", api_key_file="/k", enable_metrics=True)
+    assert [error["loc"] for error in raised.value.errors()] == [("enable_metrics",)]
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,10 @@
     os        /etc/os-release
     kernel    `uname -r`
     packages  `<status abbrev>\\t<package>\\t<version>` for every package dpkg knows (`dpkg-query -W`)
-    paths     per requested path: `<kind> <mode> <user> <group> <sha256|->\\t<path>` (kind f|d|l|o; the sha256
-              only of a regular file), or `missing\\t<path>`
+    paths     `missing\\t<path>` per requested path that is not there; then, from one `find`, `<type> <mode>
+              <user> <group>\\t<path>` per one that is (find's `%y`: f, d, l, others), and from one
+              `sha256sum` over the regular files, `<sha256>  <path>` each: two processes for all of them,
+              not four per path
     units     `systemctl show` of the requested units: `Id=`, `SubState=`, `UnitFileState=` blocks
     users     per requested user that exists: its passwd line, then `:<primary group name>`
     groups    per requested group that exists: its group line
@@ -77,10 +79,11 @@ RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mou
 ENABLED_STATES = frozenset({"enabled", "static"})
 # dpkg's installed states as pyinfra's DebPackages reads them (`ii`, `hi`: installed, held or not).
 _INSTALLED = ("ii", "hi")
-_PATH_LINE = re.compile(r"([fdlo]) ([0-7]{3,4}) (\S+) (\S+) ([0-9a-f]{64}|-)")
+_PATH_LINE = re.compile(r"([a-zA-Z]) ([0-7]{1,4}) (\S+) (\S+)")
+_DIGEST_LINE = re.compile(r"([0-9a-f]{64})  (/.*)")
 _OS_LINE = re.compile(r"([A-Z0-9_]+)=(.*)")
 
-_KINDS: dict[str, PathKind] = {"f": "file", "d": "directory", "l": "link", "o": "other"}
+_KINDS: dict[str, PathKind] = {"f": "file", "d": "directory", "l": "link"}  # find's %y; others: "other"
 
 
 @dataclass(frozen=True)
@@ -143,11 +146,12 @@ def _words(items: Sequence[str]) -> str:
     return " ".join(shlex.quote(item) for item in items)
 
 
-_PATH_SCRIPT = (
-    'if [ -L "$p" ]; then k=l; elif [ -f "$p" ]; then k=f; elif [ -d "$p" ]; then k=d; '
-    'elif [ -e "$p" ]; then k=o; else printf "missing\\t%s\\n" "$p"; continue; fi; '
-    'if [ $k = f ]; then h=$(sha256sum < "$p") && h=${h%% *} || h=-; else h=-; fi; '
-    'printf "%s %s %s\\t%s\\n" $k "$(stat -c "%a %U %G" -- "$p")" "$h" "$p"'
+# In a subshell: `set --` collects the paths that exist without touching the caller's arguments.
+# `sha256sum -z` ends each line with NUL and leaves the name unescaped (a `\\` in a path would be escaped).
+_PATH_SCRIPT = 'if [ -e "$p" ] || [ -L "$p" ]; then set -- "$@" "$p"; else printf "missing\\t%s\\n" "$p"; fi'
+_PATHS_FOUND = (
+    'if [ $# -gt 0 ]; then find "$@" -maxdepth 0 -printf "%y %m %u %g\\t%p\\n" -type f '
+    '-exec sha256sum -z -- {} + 2>/dev/null | tr "\\0" "\\n"; fi'
 )
 
 
@@ -180,7 +184,8 @@ def state_command(request: StateRequest) -> str:
         f"{_open('kernel')}; uname -r",
         f"{_open('packages')}; "
         "dpkg-query -W -f='${db:Status-Abbrev}\\t${Package}\\t${Version}\\n' 2>/dev/null",
-        f"{_open('paths')}; for p in {_words(request.paths)}; do {_PATH_SCRIPT}; done"
+        f"{_open('paths')}; "
+        f"(set --; for p in {_words(request.paths)}; do {_PATH_SCRIPT}; done; {_PATHS_FOUND})"
         if request.paths
         else f"{_open('paths')}",
         f"{_open('units')}; if [ -n {shlex.quote(' '.join(request.units))} ] && command -v systemctl "
@@ -342,8 +347,12 @@ def _packages(lines: list[tuple[int, str]]) -> dict[str, frozenset[str]]:
 
 
 def _paths(lines: list[tuple[int, str]]) -> dict[str, PathState]:
-    paths = {}
+    paths: dict[str, PathState] = {}
+    digests: dict[str, str] = {}
     for number, line in lines:
+        if hashed := _DIGEST_LINE.fullmatch(line):
+            digests[hashed[2]] = hashed[1]
+            continue
         head, tab, path = line.partition("\t")
         if not tab or not path.startswith("/"):
             raise _fail(number, line, "a path state line")
@@ -353,9 +362,12 @@ def _paths(lines: list[tuple[int, str]]) -> dict[str, PathState]:
         match = _PATH_LINE.fullmatch(head)
         if match is None:
             raise _fail(number, line, "a path state line")
-        kind, mode, user, group, digest = match.groups()
-        sha256 = None if digest == "-" else digest
-        paths[path] = PathState(_KINDS[kind], mode.lstrip("0").zfill(3), user, group, sha256)
+        kind, mode, user, group = match.groups()
+        paths[path] = PathState(_KINDS.get(kind, "other"), mode.lstrip("0").zfill(3), user, group, None)
+    for path, digest in digests.items():  # a regular file sha256sum could not read keeps None
+        state = paths.get(path)
+        if state is not None and state.kind == "file":
+            paths[path] = replace(state, sha256=digest)
     return paths
 
 

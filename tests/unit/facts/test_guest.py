@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
 import pytest
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
-from pvegpu.facts.sglang import Probe, VenvState, parse_probe, parse_venv
+from pvegpu.facts.sglang import Probe, VenvState, parse_probe, parse_venv, probe_command
 from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
+from pvegpu.models.sglang import ProbeTarget
 
 # Open flavour: the line shape quoted from open-gpu-kernel-modules #543 (knowledge file, section 4.1); the
 # build details after the version are synthesized. Proprietary: the documented "NVIDIA UNIX x86_64 Kernel
@@ -77,3 +84,38 @@ def test_probe() -> None:
     assert parse_probe(["ok glm-5"]) == Probe(True, "glm-5")
     assert parse_probe(["fail HTTP Error 401: Unauthorized"]) == Probe(False, "HTTP Error 401: Unauthorized")
     assert parse_probe([]) == Probe(False, "the probe printed nothing (no Python in the venv?)")
+
+
+def test_probe_command_runs_the_standard_library_alone_against_a_real_server(tmp_path: Path) -> None:
+    """`-I -S` (no site-packages, no environment) and the script's answers from a real HTTP server on
+    loopback: /health open, /v1/models behind the key read from the key file."""
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-probe\n")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/v1/models" and self.headers.get("Authorization") != "Bearer sk-probe":
+                self.send_error(401, "Unauthorized")
+                return
+            body = b'{"data": [{"id": "glm-5"}]}' if self.path == "/v1/models" else b"ok"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            del args
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        command = probe_command(ProbeTarget(sys.executable, base, str(key_file))).get_raw_value()
+        assert command.startswith(f"{sys.executable} -I -S -c 'import json, sys, urllib.request\n")
+        answered = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        keyless = probe_command(ProbeTarget(sys.executable, base, None)).get_raw_value()
+        refused = subprocess.run(["sh", "-c", keyless], capture_output=True, text=True, check=True)
+    finally:
+        server.shutdown()
+    assert parse_probe(answered.stdout.splitlines()) == Probe(True, "glm-5")
+    assert parse_probe(refused.stdout.splitlines()) == Probe(False, "HTTP Error 401: Unauthorized")

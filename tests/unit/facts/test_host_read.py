@@ -137,6 +137,32 @@ def test_command_reads_real_files(tmp_path: Path) -> None:
     assert state.p2p_record is None  # the record read is not at RECORD_PATH
 
 
+def test_command_reads_odd_paths_with_one_find_and_one_sha256sum(tmp_path: Path) -> None:
+    """A FIFO is `other`; mode 000 reads `000` (root still hashes it); a name with a space keeps it; a
+    regular file without a sha256sum line (one it could not read) keeps no digest."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "no mode").write_bytes(b"")
+    os.chmod(tmp_path / "no mode", 0)
+    paths = (str(tmp_path / "fifo"), str(tmp_path / "no mode"))
+    command = state_command(StateRequest(paths=paths))
+    assert command.count("sha256sum") == 1
+    assert command.count("find ") == 1
+
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    state = parse_state(done.stdout.splitlines())
+
+    assert state.path(paths[0]).kind == "other"
+    empty = hashlib.sha256(b"").hexdigest()
+    assert (state.path(paths[1]).kind, state.path(paths[1]).mode, state.path(paths[1]).sha256) == (
+        "file", "000", empty
+    )  # fmt: skip
+    assert parse_state(
+        ("#pvegpu:os", "#pvegpu:kernel", "6.1.0", "#pvegpu:packages", "#pvegpu:paths", "f 600 root root\t/k",
+         "#pvegpu:units", "#pvegpu:users", "#pvegpu:groups", "#pvegpu:venvs", "#pvegpu:module", "#pvegpu:smi",
+         "#pvegpu:secrets", "#pvegpu:end")
+    ).path("/k").sha256 is None  # fmt: skip
+
+
 def test_command_reads_the_layers_of_a_weight_index(tmp_path: Path) -> None:
     """The layer numbers of the index's weight map (keys only: the shard names hold no layer), sorted."""
     index = tmp_path / "model.safetensors.index.json"
@@ -171,17 +197,15 @@ def test_command_reads_the_layers_of_a_weight_index(tmp_path: Path) -> None:
         ),
         (
             tuple(line.replace("f 600 root root", "f 600 root") for line in SAMPLE),
-            "host state: line 212: 'f 600 root "
-            "7528240cdc51de27fc663ebd4cb06ced866304ed571b881f6a5cf035e2846920\\t/etc/pvegpu/sglang.env' "
-            "is not a path state line",
+            "host state: line 212: 'f 600 root\\t/etc/pvegpu/sglang.env' is not a path state line",
         ),
         (
             tuple(line.replace("SubState=running", "SubState running") for line in SAMPLE),
-            "host state: line 216: 'SubState running' is not a systemctl show Id/SubState/UnitFileState line",
+            "host state: line 224: 'SubState running' is not a systemctl show Id/SubState/UnitFileState line",
         ),
         (
             tuple(line.replace("sglang:x:997:", "sglang:x") for line in SAMPLE),
-            "host state: line 225: 'sglang:x' is not a group line",
+            "host state: line 233: 'sglang:x' is not a group line",
         ),
         (
             (
@@ -190,23 +214,23 @@ def test_command_reads_the_layers_of_a_weight_index(tmp_path: Path) -> None:
                 f"{base64.b64encode(b'{}').decode()}#\t{RECORD_PATH}",
                 "#pvegpu:end",
             ),
-            "host state: line 242: 'e30=#\\t/var/lib/pvegpu/p2p-probe.json' is not a record line",
+            "host state: line 250: 'e30=#\\t/var/lib/pvegpu/p2p-probe.json' is not a record line",
         ),
         (
             (*SAMPLE[:-1], "#pvegpu:initramfs", "/boot/initrd.img-6.1.0", "#pvegpu:end"),
-            "host state: line 242: '/boot/initrd.img-6.1.0' is not an initramfs image name",
+            "host state: line 250: '/boot/initrd.img-6.1.0' is not an initramfs image name",
         ),
         (
             (*SAMPLE[:-1], "#pvegpu:initramfs", "#pvegpu:records", "#pvegpu:end", "x"),
-            "line 244: 'x' after the end marker",
+            "line 252: 'x' after the end marker",
         ),
         (
             (*SAMPLE[:-1], "#pvegpu:layers", "0", "x78", "#pvegpu:end"),
-            "host state: line 243: 'x78' is not a layer number",
+            "host state: line 251: 'x78' is not a layer number",
         ),
         (
             (*SAMPLE[:-1], "#pvegpu:records", "e30=\tvar/lib", "#pvegpu:end"),
-            "host state: line 242: 'e30=\\tvar/lib' is not a record line",
+            "host state: line 250: 'e30=\\tvar/lib' is not a record line",
         ),
     ],
 )

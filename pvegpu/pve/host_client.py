@@ -32,8 +32,6 @@ from pvegpu.models.secret_file import secret_file_problems
 from pvegpu.models.spec_validation import spec_of
 from pvegpu.pve.client import PveClient
 from pvegpu.pve.errors import PveError
-from pvegpu.pve.local import connect_local
-from pvegpu.pve.ssh import ssh_transport
 from pvegpu.pve.transport import CommandTransport, Method, Params, RootRouted, Transport, acts_as
 
 _CLIENTS: dict[str, PveClient] = {}
@@ -71,6 +69,8 @@ def connect(spec: PveApiSpec, data: Any, host_name: str | None = None) -> PveCli
     which go through root's `pvesh` on the node over the host's SSH (`RootRouted`, connected on first
     need). `root_ssh: false`: the token alone (inventory validation refused what needs root)."""
     if spec.backend == "local":
+        from pvegpu.pve.local import connect_local  # noqa: PLC0415 (proxmoxer: only when used)
+
         return connect_local(sudo=spec.sudo)
     hostname = spec.hostname or data.get("ssh_hostname") or host_name
     if not hostname:
@@ -121,7 +121,10 @@ class FirstCall:
 
 
 def _ssh(spec: PveApiSpec, data: Any, hostname: str, ssh_port: int | None) -> CommandTransport:
-    """root's `pvesh` on the node over SSH, with `pve`'s SSH settings or else the host's own."""
+    """root's `pvesh` on the node over SSH, with `pve`'s SSH settings or else the host's own. proxmoxer's
+    session is imported here: an https run that writes no root-only key never needs it."""
+    from pvegpu.pve.ssh import ssh_transport  # noqa: PLC0415
+
     return ssh_transport(
         hostname,
         spec.ssh_user or data.get("ssh_user") or "root",

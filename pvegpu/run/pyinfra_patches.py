@@ -6,8 +6,9 @@ they were ~0.3 s of the run's CPU above pyinfra's floor.
   them (`pyinfra.api.util.get_operation_order_from_stack`, for every operation on every host). It takes
   them from `inspect.stack()` and then `inspect.getframeinfo(frame)` per frame, both with one line of
   context: each frame's source file is searched (`findsource`, which walks `sys.modules`) for a line never
-  used. `inspect.stack(0)` gives the same file names and line numbers: `getframeinfo` computes both before
-  it reads any context. Upstream fix: both calls with `context=0`.
+  used. `call_sites` gives the same file names and line numbers from the frames themselves, as
+  `getframeinfo` computes them before it reads any context (and before `getsourcefile` stats the file,
+  which gives the code's own file name back). Upstream fix: both calls with `context=0`.
 - The global arguments. `pyinfra.api.arguments.all_global_arguments()` evaluates the type hints of
   `AllArguments` (a TypedDict of ~40 keys, fixed at import) on every call, i.e. for every operation and
   fact. `global_arguments` evaluates them once. Upstream fix: cache them in pyinfra.
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
+import itertools
 import logging
+import sys
+from types import FrameType
 from typing import Any
 
 import pyinfra
@@ -46,19 +49,33 @@ _OPERATION: Any = importlib.import_module("pyinfra.api.operation")
 _FACTS: Any = importlib.import_module("pyinfra.api.facts")
 
 
+def call_sites() -> list[tuple[str, int]]:
+    """(file name, line) of every frame from the caller of this function out, as `inspect.stack(0)` gives
+    them (`getframeinfo`: the code's file name, and the first line of the position of the frame's current
+    instruction, else `f_lineno`), without its `getsourcefile` per frame."""
+    sites = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code, index = frame.f_code, frame.f_lasti
+        start = next(itertools.islice(code.co_positions(), index // 2, None))[0] if index >= 0 else None
+        sites.append((code.co_filename, frame.f_lineno if start is None else start))
+        frame = frame.f_back
+    return sites
+
+
 def order_from_stack(state: Any) -> list[int]:
-    """pyinfra's `get_operation_order_from_stack(state)`, line for line, on `inspect.stack(0)`: the line
+    """pyinfra's `get_operation_order_from_stack(state)`, line for line, on `call_sites()`: the line
     numbers of the calls from the first frame of the deploy file being run, pyinfra's own frames left out,
     after the deploy file's index when running from the CLI."""
-    frames = list(reversed(inspect.stack(0)))  # the last one is this function's: left out, as pyinfra's is
+    frames = list(reversed(call_sites()))  # the last one is this function's: left out, as pyinfra's is
     first = 0
     if state.current_deploy_filename:
-        for first, frame in enumerate(frames):  # noqa: B007  (the loop leaves `first` at the match, as pyinfra's)
-            if frame.filename == state.current_deploy_filename:
+        for first, (filename, _) in enumerate(frames):  # noqa: B007  (the loop leaves `first` at the match, as pyinfra's)
+            if filename == state.current_deploy_filename:
                 break
     line_numbers = [state.current_op_file_number] if pyinfra.is_cli else []
     line_numbers += [
-        frame.lineno for frame in frames[first:-1] if not frame.filename.startswith(PYINFRA_INSTALL_DIR)
+        lineno for filename, lineno in frames[first:-1] if not filename.startswith(PYINFRA_INSTALL_DIR)
     ]
     return line_numbers
 

@@ -5,6 +5,7 @@ handshake's traceback) never on stderr, in pyinfra's debug log instead."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,20 @@ def test_the_order_is_pyinfras(
         assert lines == calls
     else:  # a deploy file not on the stack: pyinfra's search ends at its own frame, so no line
         assert lines == []
+
+
+def _both(*_args: object) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    return pyinfra_patches.call_sites(), [(frame.filename, frame.lineno) for frame in inspect.stack(0)]
+
+
+def test_call_sites_are_inspects_through_a_call_written_over_lines() -> None:
+    """A call spread over lines is at the line where its expression starts, as inspect (so pyinfra) says."""
+    ours, theirs = _both(
+        1,
+        2,
+    )  # the call's own line is the one above
+    assert ours == theirs
+    assert ours[1] == (__file__, _line("ours, theirs = _both("))
 
 
 def test_the_global_arguments_are_pyinfras() -> None:

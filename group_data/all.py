@@ -1,6 +1,14 @@
-"""pyinfra group data for every host (`all`) of any inventory pyinfra loads from the repository root."""
+"""pyinfra group data for every host (`all`) of any inventory pyinfra loads from the repository root.
+
+pyinfra loads it with the inventory, before it connects to any host: paramiko's log goes to pyinfra's debug
+log from here (pvegpu/run/pyinfra_patches.py says why), so a failed first handshake is pyinfra's one line,
+not paramiko's traceback.
+"""
 
 from pvegpu.pve.nodelay import nodelay_transport
+from pvegpu.run.pyinfra_patches import route_paramiko_log
+
+route_paramiko_log()
 
 # TCP_NODELAY on pyinfra's SSH connections (pvegpu/pve/nodelay.py says why).
 ssh_paramiko_connect_kwargs = {"transport_factory": nodelay_transport}

@@ -23,8 +23,8 @@ of which patches pyinfra:
   `paramiko.transport` logger; pyinfra's CLI gives that logger no handler, so Python's last-resort handler
   printed each of them on stderr while a node's link was down (the reconnecting waits try every few
   seconds). The failure itself reaches pyinfra and pvegpu as an exception, reported in their own lines.
-  Routed from the deploy's start (`pvegpu.run.dispatch`): while pyinfra first connects, before any deploy code
-  runs, paramiko's lines still show.
+  Routed when pyinfra loads the repository's group data (group_data/all.py), before it first connects, and
+  again from the deploy's start (`pvegpu.run.dispatch`) for a run whose group data is not the repository's.
 """
 
 from __future__ import annotations

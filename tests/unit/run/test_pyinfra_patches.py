@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -136,3 +138,49 @@ def test_paramiko_handshake_failure_is_not_printed_on_stderr(routed: bool) -> No
         assert "[paramiko.transport] Exception (client): Error reading SSH protocol banner\n" in done.stdout
     else:  # what pyinfra's CLI printed for every reconnect attempt: Python's last-resort handler
         assert done.stderr.startswith("Exception (client): Error reading SSH protocol banner\nTraceback")
+
+
+def _first_connect(inventory: Path, cwd: Path) -> str:
+    """The output of pyinfra's real CLI run in `cwd` (its group data, if any) on `inventory`'s one host, a
+    server on loopback that answers the SSH handshake without a banner."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.sendall(b"HTTP/1.1 400 Bad Request\r\n" * 3)
+            while connection.recv(1024):
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    inventory.write_text(
+        f"hosts = [('127.0.0.1', {{'ssh_port': {listener.getsockname()[1]}, 'ssh_user': 'root', "
+        "'ssh_look_for_keys': False, 'ssh_paramiko_connect_kwargs': {'banner_timeout': 1}})]\n"
+    )
+    pyinfra_cli = Path(__file__).resolve().parents[3] / ".venv/bin/pyinfra"
+    done = subprocess.run(
+        [str(pyinfra_cli), "-y", str(inventory), "exec", "--", "true"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    listener.close()
+    assert done.returncode != 0
+    return done.stdout + done.stderr
+
+
+def test_a_failed_first_handshake_of_pyinfras_cli_is_its_own_line_not_paramikos_traceback(
+    tmp_path: Path,
+) -> None:
+    """From the repository root pyinfra loads group_data/all.py with the inventory, before it connects:
+    paramiko's log is routed then. Elsewhere (no such group data) paramiko's traceback shows."""
+    ours = _first_connect(tmp_path / "inventory.py", Path(__file__).resolve().parents[3])
+    assert "[127.0.0.1] SSH error (Error reading SSH protocol banner)" in ours
+    assert "Traceback" not in ours
+    assert "Exception (client)" not in ours
+    elsewhere = _first_connect(tmp_path / "inventory.py", tmp_path)
+    assert "Exception (client): Error reading SSH protocol banner\nTraceback" in elsewhere

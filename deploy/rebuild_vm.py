@@ -5,9 +5,10 @@ verify it sees its GPUs. Every other host is left alone. A second run changes no
 
 from pvegpu.models.groups import PVE_NODES, VM_GUESTS
 from pvegpu.run.dispatch import dispatch
+from pvegpu.run.read_ahead import read_vm_resources_ahead
+from roles.guest_check import guest_check
 from roles.pci_mapping import pci_mapping
-from roles.q35_vm import guest_check, q35_vm_role
-from roles.vm_reads import read_vm_resources_ahead
+from roles.q35_vm import q35_vm_role
 
 dispatch(
     "deploy/rebuild_vm.py",

@@ -3,8 +3,8 @@ live IOMMU groups, then the Q35 VM, started. Every other host is left alone."""
 
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.run.dispatch import dispatch
+from pvegpu.run.read_ahead import read_vm_resources_ahead
 from roles.pci_mapping import pci_mapping
 from roles.q35_vm import q35_vm_role
-from roles.vm_reads import read_vm_resources_ahead
 
 dispatch("deploy/vm.py", [((PVE_NODES,), [read_vm_resources_ahead, pci_mapping, q35_vm_role])])

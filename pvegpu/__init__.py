@@ -3,9 +3,10 @@
 Layers (one job each; imports point down only, one import-linter contract each):
 
     deploy/*.py          entry points: pick roles by host group; no logic
-    roles/               @deploy compositions, in order; no parsing, no shell strings
+    roles/               one @deploy each, a table of contents over the run's plan; no role imports a role
     pvegpu.operations    diff desired vs observed -> commands / API calls, or host.noop(reason)
-    pvegpu.run           the run's per-host memory: plan_of, the node/host state read once, progress, dispatch
+    pvegpu.run           the run's per-host memory: plan_of, serving_plan_of, the node/host state read once,
+                         read-ahead, progress, dispatch
     pvegpu.plan          pure functions: (spec, observed) -> desired state; no I/O, no pyinfra
     pvegpu.facts         observe hosts; every remote command line is assembled here, parsed by pure functions
     pvegpu.pve           the Proxmox API adapter: client, errors, transports (pvesh over SSH, https, local)

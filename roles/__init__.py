@@ -1,1 +1,3 @@
-"""Roles: `@deploy` compositions of pvegpu operations, in order. No parsing, no shell strings."""
+"""Roles: one `@deploy` per module, a table of contents over the run's plan (`pvegpu.run`): operations in
+order. No role imports another (roles.site composes them), reads a fact, plans, parses or builds a shell
+string."""

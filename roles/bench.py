@@ -1,10 +1,11 @@
 """bench: SGLang's serving benchmark on the serving host at each concurrency level, results fetched and
 reported on the operator's machine: `<results_dir>/<host>/<run>.jsonl` (the tool's own output),
 `<run>.md` (table), `<run>.png` (plot), and one line per run in `<results_dir>/history.jsonl`, labelled with
-the VM speed settings in force (`pvegpu.plan.bench.SpeedSettings`, read from the serving host before the run);
-`<results_dir>/<host>/compare.md|.png` compare the latest run of each setting on that host, and
-`<results_dir>/<host>/vs-reference.md|.png` set the run beside the reference box's published figures. The run
-takes at most `bench.max_minutes` (on the serving host's clock): a cell not started by then is skipped.
+the VM speed settings in force (`pvegpu.plan.bench.SpeedSettings`, read from the serving host before the run:
+`pvegpu.run.serving.settings_in_force`); `<results_dir>/<host>/compare.md|.png` compare the latest run of
+each setting on that host, and `<results_dir>/<host>/vs-reference.md|.png` set the run beside the reference
+box's published figures. The run takes at most `bench.max_minutes` (on the serving host's clock): a cell not
+started by then is skipped.
 
 Not idempotent by nature: every run measures again and adds a run to the history.
 """
@@ -20,14 +21,11 @@ from pyinfra.context import host
 from pyinfra.operations import files, python
 
 from pvegpu.cli.bench_report import write_reports
-from pvegpu.facts.nccl import topology_file_read
-from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
 from pvegpu.operations.bench import bench_clock, serving_benchmark
-from pvegpu.plan.bench import SpeedSettings, bench_argv, bench_cells, speed_settings
-from pvegpu.plan.nccl_transports import uses_p2p
+from pvegpu.plan.bench import bench_argv, bench_cells
 from pvegpu.plan.sglang_service import probe_host
-from pvegpu.run.host_state import state_of
 from pvegpu.run.plan import plan_of
+from pvegpu.run.serving import settings_in_force
 
 REMOTE_DIR = "/var/lib/pvegpu/bench"
 
@@ -37,7 +35,7 @@ def bench() -> None:
     """One benchmark run per concurrency level, then fetch and report."""
     specs = plan_of(host).specs
     spec, sglang = specs.bench, specs.sglang
-    settings = _settings_in_force()
+    settings = settings_in_force(host)
     logger.info(f"{host.print_prefix}benchmark settings in force: {settings.describe()}")
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     remote = f"{REMOTE_DIR}/{run_id}.jsonl"
@@ -73,19 +71,4 @@ def bench() -> None:
         history=results / "history.jsonl",
         settings=settings,
         bench=spec,
-    )
-
-
-def _settings_in_force() -> SpeedSettings:
-    """The run's label, from the serving host as it is now: its NUMA nodes (the hardware fact), what the
-    running service's NCCL logged (its topology file, its transports) and the P2P probe's record (read with
-    the host's state when its node's `vm.p2p` is not `off`)."""
-    records = host.get_fact(SglangNcclChannels)
-    said = host.get_fact(SglangNcclTopologyFile)
-    return speed_settings(
-        numa_nodes=len(plan_of(host).hardware.numa_nodes),
-        nccl_logged=bool(records),
-        topo_file_read=topology_file_read(said),
-        p2p_in_use=uses_p2p(records),
-        p2p_record=state_of(host).p2p_record,
     )

@@ -1,4 +1,5 @@
-"""Doctor: a read-only report of each node. It reads facts and prints; it never changes a host."""
+"""Doctor: a read-only report of each node. It reads (the host's plan, pvegpu/run/reports.py, the Proxmox API)
+and prints; it never changes a host."""
 
 from __future__ import annotations
 
@@ -10,19 +11,16 @@ from pathlib import Path
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
-from pyinfra.facts.files import Sha256File
 
 from pvegpu.cli.report import render_table
-from pvegpu.facts.host_checks import HostChecks
-from pvegpu.facts.next_boot import NextBoot
 from pvegpu.hook.bundle import BUNDLE_PATH, build, wrapper
-from pvegpu.models.hardware import HostHardware
 from pvegpu.models.node import NodeSpec
 from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
 from pvegpu.plan.kernel_guard import kernel_problems, next_boot_kernel
 from pvegpu.plan.node import NodePlan
+from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.privileges import (
     acl_paths,
     missing_privileges,
@@ -35,6 +33,7 @@ from pvegpu.plan.vm import HOOKSCRIPT, hookscript_volid, is_pvegpu_hookscript
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.host_client import PveSetupError, pve_client
 from pvegpu.run.plan import plan_of
+from pvegpu.run.reports import file_sha256, host_check_data, next_boot
 
 # Where the JSON reports go on the operator's machine (one file per host); relative to the working directory.
 REPORT_DIR_ENV = "PVEGPU_DOCTOR_DIR"
@@ -57,7 +56,7 @@ def node_report() -> None:
     """
     plan = plan_of(host)
     _gpu_topology(plan.specs.node, plan.topology)
-    _host_checks(plan.specs.node, plan.hardware, plan.topology)
+    _host_checks(plan)
     if plan.specs.node.profile in HOST_P2P_PROFILES:
         _next_boot(plan)
     if plan.is_pve_node:
@@ -73,7 +72,7 @@ def _next_boot(plan: NodePlan) -> None:
     """On a host serving from its own NVIDIA driver: whether the kernel it boots next has the module the
     pinned driver needs (plan/kernel_guard.py), or what is missing and the fix."""
     version = plan.specs.driver.version
-    boot = host.get_fact(NextBoot)
+    boot = next_boot(host)
     problems = kernel_problems(boot, version, proxmox=plan.is_pve_node)
     for problem in problems:
         logger.warning(f"{host.print_prefix}next boot: {problem}")
@@ -131,24 +130,12 @@ def _gpu_topology(spec: NodeSpec, topology: Topology) -> None:
     log(f"{host.print_prefix}GPU topology of node {spec.name} (profile {spec.profile}):\n{report}")
 
 
-def _host_checks(spec: NodeSpec, hardware: HostHardware, topology: Topology) -> None:
+def _host_checks(plan: NodePlan) -> None:
     """Print IOMMU / interrupt remapping, ACS above each GPU (on `lxc` / `baremetal` also its DMA
     translation), BARs, Resizable BAR, C-states, NUMA nodes and the BIOS knobs Linux cannot see; write the
     same as JSON to `$PVEGPU_DOCTOR_DIR/<host>.json` (default ./pvegpu-doctor/) on this machine."""
-    addresses = sorted(
-        {
-            a
-            for gpu in topology.gpus
-            for a in (gpu.gpu_function, *hardware.by_address[gpu.gpu_function].parents)
-        }
-    )
-    groups = sorted(
-        {g for gpu in topology.gpus if (g := hardware.by_address[gpu.gpu_function].iommu_group) is not None}
-    )
-    data = host.get_fact(
-        HostChecks, sysfs_root=spec.sysfs_root, addresses=tuple(addresses), groups=tuple(groups)
-    )
-    rows = host_checks(hardware, topology, data, spec.profile)
+    spec = plan.specs.node
+    rows = host_checks(plan.hardware, plan.topology, host_check_data(host), spec.profile)
     path = Path(os.environ.get(REPORT_DIR_ENV, REPORT_DIR)) / f"{host.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(checks_to_json(host.name, rows), indent=1) + "\n")
@@ -159,7 +146,8 @@ def _host_checks(spec: NodeSpec, hardware: HostHardware, topology: Topology) -> 
 
 def _mapping_health(plan: NodePlan) -> None:
     """Print whether the VM's mappings (`<prefix><N>`) are valid on this node, renumber-only drift, or
-    hardware changed, with one line per GPU: the decision a repair would make (`plan_heal`), never made."""
+    hardware changed, with one line per GPU: the decision the pre-start hook's repair would make (`plan_heal`,
+    with the inventory's owner: a mapping without pvegpu's mark is not repaired), never made."""
     vm, node = plan.specs.vm, plan.specs.node.name
     assert vm is not None  # the caller's condition
     subject = f"PCI mappings of VM {vm.vmid} ({vm.name}) on node {node}"
@@ -169,7 +157,9 @@ def _mapping_health(plan: NodePlan) -> None:
         line = error.line if isinstance(error, PveError) else str(error)
         logger.warning(f"{host.print_prefix}{subject}: not read: {line}")
         return
-    healed = plan_heal(node, [state.mapping for state in states], plan.hardware, plan.mapping_prefix)
+    pve = plan.specs.pve
+    owner = owner_id(pve.owner, pve.cluster, node)  # the hook repairs only mappings with this mark
+    healed = plan_heal(node, [state.mapping for state in states], plan.hardware, plan.mapping_prefix, owner)
     if not healed.gpus:
         logger.warning(
             f"{host.print_prefix}{subject}: none ({plan.mapping_prefix}<N>) yet; "
@@ -205,15 +195,18 @@ def _hook_status(plan: NodePlan) -> None:
 
 
 def _hook_problems(plan: NodePlan, current: object, directory: str | None) -> list[str]:
-    vm, node = plan.specs.vm, plan.specs.node
+    vm, node, pve = plan.specs.vm, plan.specs.node, plan.specs.pve
     assert vm is not None
     if vm.self_heal == "off":
         return [f"the VM still runs pvegpu's hookscript {current}"] if is_pvegpu_hookscript(current) else []
     problems = [] if current == hookscript_volid(vm) else [f"the VM's hookscript is {current or 'not set'}"]
     bundle = build()
-    text = wrapper(bundle, mode=vm.self_heal, prefix=vm.mapping_prefix, sysfs_root=str(node.sysfs_root))
+    owner = owner_id(pve.owner, pve.cluster, node.name)
+    text = wrapper(
+        bundle, mode=vm.self_heal, prefix=vm.mapping_prefix, owner=owner, sysfs_root=str(node.sysfs_root)
+    )
     for path, data in ((f"{directory}/snippets/{HOOKSCRIPT}", text.encode()), (BUNDLE_PATH, bundle.data)):
-        found = host.get_fact(Sha256File, path=path)
+        found = file_sha256(host, path)
         if found is None:
             problems.append(f"{path} is missing")
         elif found != hashlib.sha256(data).hexdigest():

@@ -8,9 +8,9 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.facts.model_store import ModelStoreRead
 from pvegpu.plan.model_fetch import complete_line, fetch_reason
 from pvegpu.run.plan import plan_of
+from pvegpu.run.reports import model_store
 
 
 @deploy("Report the model's completeness")
@@ -18,7 +18,7 @@ def model_report() -> None:
     spec = plan_of(host).specs.sglang
     if spec.model_repo is None:
         return
-    record, files = host.get_fact(ModelStoreRead, model_path=spec.model_path)
+    record, files = model_store(host, spec.model_path)
     reason = fetch_reason(spec, record, files)
     if reason is None and record is not None:
         logger.info(f"{host.print_prefix}model: {complete_line(spec, record)}")

@@ -1,7 +1,7 @@
 """nccl_doctor: the read-only NCCL report of a serving host (deploy/doctor.py): the NCCL profile in force,
 the transports the running SGLang service uses, checked against it; on a VM guest also what NCCL logged with
 and without its topology file (`NCCL_TOPO_FILE`), read from the service's journal (why there:
-`pvegpu.facts.nccl_journal`).
+`pvegpu.facts.nccl_journal`; the reads: pvegpu/run/reports.py).
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.facts.nccl_journal import topology_file_report
-from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclRuns
 from pvegpu.models.nccl import summarize
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl_transports import check_transports
 from pvegpu.plan.sglang_service import SERVICE
 from pvegpu.run.plan import plan_of
+from pvegpu.run.reports import nccl_channels, nccl_topology_report
 from pvegpu.run.serving import serving_nccl
 
 
@@ -37,9 +36,9 @@ def nccl_transports() -> None:
     if serving is not None:
         logger.info(f"{host.print_prefix}{serving.describe(node.profile)}")
     if node.profile == "vm":
-        for block in topology_file_report(host.get_fact(SglangNcclRuns)):
+        for block in nccl_topology_report(host):
             logger.info(f"{host.print_prefix}{block}")
-    records = host.get_fact(SglangNcclChannels)
+    records = nccl_channels(host)
     pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
     if pairs:
         logger.info(f"{host.print_prefix}NCCL transports of {SERVICE} (profile {node.profile}):\n{pairs}")

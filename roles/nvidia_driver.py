@@ -5,7 +5,9 @@
   `driver.allow_reboot`; then verify.
 - `pve-host` (a Proxmox node on profile `lxc` or `baremetal`): the same, built for the Proxmox kernel
   (Proxmox's headers), plus the NVIDIA modules loaded at boot and `pvegpu-nvidia-devices.service`, which
-  creates every device node a container binds (`nvidia-uvm` too) before Proxmox starts its guests.
+  creates every device node a container binds (`nvidia-uvm` too) before Proxmox starts its guests. Its
+  reboot passes the node's reboot guards (no foreign guest stopped, no kernel without the module), as
+  pve_host's does.
 - `container` (the `lxc` profile's container, group `lxc_guests`): userspace only, at the pinned version,
   no module package ever (apt preferences); the module is the host's, so a different loaded version fails
   with both versions, and nothing reboots.
@@ -25,7 +27,13 @@ from pyinfra.operations import server, systemd
 from pyinfra.operations.util import any_changed
 
 from pvegpu.operations.from_state import file_content, packages, service
-from pvegpu.operations.nvidia import cuda_repository, device_nodes_present, driver_module, driver_verified
+from pvegpu.operations.nvidia import (
+    cuda_repository,
+    device_nodes_present,
+    driver_module,
+    driver_verified,
+    refuse_driver_reboot,
+)
 from pvegpu.operations.render import render
 from pvegpu.operations.vfio import UPDATE_INITRAMFS
 from pvegpu.plan.driver import (
@@ -48,6 +56,7 @@ from pvegpu.plan.driver import (
 )
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
+from pvegpu.plan.reboot import reboot_guard
 from pvegpu.run.host_state import state_of
 from pvegpu.run.plan import plan_failures, plan_of
 
@@ -65,6 +74,9 @@ def nvidia_driver(placement: Placement = "guest") -> None:
             raise PlanError("\n".join(problems))
         distro = cuda_distro(release.get("ID"), release.get("VERSION_ID"))
     container = placement == "container"
+    guard = reboot_guard(plan.specs) if placement == "pve-host" else None
+    if guard is not None:  # refused here, while operations are collected: nothing of this run is written yet
+        refuse_driver_reboot(host, driver, guard)
 
     cuda_repository(
         name="Add NVIDIA's CUDA apt repository",
@@ -103,6 +115,7 @@ def nvidia_driver(placement: Placement = "guest") -> None:
         driver=driver,
         installing=installing,
         container=container,
+        guard=guard,
     )
     if unit is not None:
         _device_nodes(gpus, unit, installing)

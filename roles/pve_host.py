@@ -13,16 +13,10 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from pvegpu.models.boot import BootLoaderKind
 from pvegpu.operations.cmdline import cmdline_tokens
-from pvegpu.operations.reboot import (
-    reboot_if_pending,
-    reboot_planned,
-    refuse_foreign_reboot,
-    refuse_kernel_without_module,
-)
+from pvegpu.operations.reboot import reboot_if_pending, reboot_planned, refuse_node_reboot
 from pvegpu.operations.vfio import vfio_config
-from pvegpu.plan.cmdline import HOST_P2P_PROFILES, retired_tokens
+from pvegpu.plan.reboot import reboot_guard
 from pvegpu.run.node_state import node_state_of
 from pvegpu.run.plan import plan_of
 
@@ -37,22 +31,18 @@ def pve_host() -> None:
     node, spec, profile = plan.specs.node, plan.specs.host, plan.host
     state = node_state_of(host)
     boot, files = state.boot, state.boot_files
-    owned = files.grub_tokens if boot.kind is BootLoaderKind.GRUB else files.owned_tokens
-    retired = retired_tokens(owned, profile.tokens)
-    own_vmids = tuple(guest.vmid for guest in (plan.specs.vm, plan.specs.lxc) if guest is not None)
+    guard = reboot_guard(plan.specs)
     if spec.allow_reboot and reboot_planned(
         host,
         hardware=plan.hardware,
         tokens=profile.tokens,
         functions=plan.functions,
-        retired=retired,
+        retired=plan.retired,
         vfio=profile.vfio,
         cmdline_path=node.cmdline_path,
     ):
         # Refused here, while operations are collected: nothing of this run is written yet.
-        refuse_foreign_reboot(host, node.name, own_vmids, spec.allow_reboot_with_foreign_guests)
-        if node.profile in HOST_P2P_PROFILES:  # the node boots onto its own driver: the module must be there
-            refuse_kernel_without_module(host, plan.specs.driver.version, proxmox=True)
+        refuse_node_reboot(host, guard)
 
     cmdline_tokens(
         name="Set the kernel command line tokens pvegpu owns",
@@ -73,12 +63,10 @@ def pve_host() -> None:
         tokens=profile.tokens,
         functions=plan.functions,
         allow_reboot=spec.allow_reboot,
-        retired=retired,
+        retired=plan.retired,
         vfio=profile.vfio,
         cmdline_path=node.cmdline_path,
         timeout_s=spec.reboot_timeout_s,
         sysfs_root=node.sysfs_root,
-        node=node.name,
-        own_vmids=own_vmids,
-        allow_foreign=spec.allow_reboot_with_foreign_guests,
+        guard=guard,
     )

@@ -9,13 +9,15 @@ and /v1/models. A layout that does not fit the GPUs found, an argv the pinned SG
 extra argument the profile refuses, or a key file that is missing or breaks the rules of
 `pvegpu.models.secret_file` fails while operations are collected, before any host is changed (a running
 service keeps running). The keys reach SGLang through systemd credentials and a `--config` file
-(`pvegpu.plan.sglang_service`).
+(`pvegpu.plan.sglang_service`). What is written comes from the host's serving plan (pvegpu/plan/serving.py,
+`pvegpu.run.serving.serving_plan_of`).
 """
 
 from __future__ import annotations
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
@@ -28,70 +30,53 @@ from pvegpu.operations.model_fetch import fetcher_source, model_fetch
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import sglang_ready, sglang_venv
-from pvegpu.plan.errors import PlanError
 from pvegpu.plan.model_fetch import fetch_config, fetch_exec_start
-from pvegpu.plan.nccl import conf_file_problems
-from pvegpu.plan.recipe import plan_recipe
-from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG, plan_sglang_argv, profile_problems
-from pvegpu.plan.sglang_service import (
-    ENV_FILE,
-    SECRETS_SCRIPT,
-    SERVICE,
-    UNIT_FILE,
-    credentials,
-    exec_start,
-    exec_start_pre,
-    key_file_problems,
-    probe_target,
-)
-from pvegpu.run.host_state import (
-    PVEGPU_ETC,
-    PVEGPU_LIB,
-    nccl_conf_files,
-    serving_checkpoint,
-    sglang_home,
-    state_of,
-)
+from pvegpu.plan.nccl import Profile
+from pvegpu.plan.serving import ServingPlan
+from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG
+from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, probe_target
+from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, sglang_home
 from pvegpu.run.plan import plan_failures, plan_of
-from pvegpu.run.serving import serving_nccl
-
-_P2P_NOTE = (
-    "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
-)
-PROFILE_NOTES = {
-    "vm": (
-        "the GPUs are passed through to this VM, where P2P between them is not supported; "
-        "NCCL uses shared memory and nothing here enables P2P"
-    ),
-    "lxc": _P2P_NOTE,
-    "baremetal": _P2P_NOTE,
-}
+from pvegpu.run.serving import serving_plan_of
 
 
 @deploy("Serve the model with SGLang")
 def sglang() -> None:
     """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
     plan = plan_of(host)
-    node, spec, topology = plan.specs.node, plan.specs.sglang, plan.topology
+    profile, spec = plan.specs.node.profile, plan.specs.sglang
     with plan_failures(host):
-        serving = serving_nccl(host)
-        nccl, topo = serving.plan, serving.topo
-        state = state_of(host)
-        recipe = plan_recipe(
-            spec, serving_checkpoint(spec, state), [gpu.id for gpu in topology.gpus], p2p=serving.p2p
-        )
-        argv = plan_sglang_argv(spec, len(topology.gpus), (*nccl.argv, *recipe.argv))
-        problems = (
-            *profile_problems(node.profile, spec),
-            *key_file_problems(spec, dict(state.secrets)),
-            *conf_file_problems(node.profile, nccl, nccl_conf_files(state, plan.specs)),
-        )
-        if problems:
-            # Before any operation: a bad key never stops (nor restarts) a running service.
-            raise PlanError("\n".join(problems))
-    for note in recipe.notes:
+        # Before any operation: a bad key never stops (nor restarts) a running service.
+        serving = serving_plan_of(host)
+    for note in serving.recipe.notes:
         logger.info(f"{host.print_prefix}{note}")
+    venv = _installed(spec)
+    if spec.model_repo is not None:
+        _model(spec)
+    unit, written = _service_files(profile, spec, serving)
+    changes = [*written, venv]
+    systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
+    # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
+    # finds it running: one start on a first run, one restart after a change, none otherwise.
+    service(
+        name="Start or restart SGLang (its unit, environment or venv changed)",
+        service=SERVICE,
+        restarted=True,
+        _if=any_changed(*changes),
+    )
+    started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
+    sglang_ready(
+        name="Wait for SGLang to answer",
+        target=probe_target(spec),
+        key_files=tuple(path for _, path in serving.credentials),  # masked in the journal lines it shows
+        timeout_s=spec.start_timeout_s,
+        starting=any(op.will_change for op in (started, *changes)),
+    )
 
+
+def _installed(spec: SglangSpec) -> OperationMeta:
+    """The system user and group, the venv with the pinned SGLang (returned: its install restarts the
+    service), the model directory and pvegpu's directories."""
     system_group(name="Add the SGLang system group", group=spec.user)
     system_user(
         name="Add the SGLang system user",
@@ -110,8 +95,15 @@ def sglang() -> None:
     directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
     directory(name=f"Create {PVEGPU_ETC}", path=PVEGPU_ETC, mode="755")
     directory(name=f"Create {PVEGPU_LIB}", path=PVEGPU_LIB, mode="755")
-    if spec.model_repo is not None:
-        _model(spec)
+    return venv
+
+
+def _service_files(
+    profile: Profile, spec: SglangSpec, serving: ServingPlan
+) -> tuple[OperationMeta, list[OperationMeta]]:
+    """The topology file (on a VM guest), the keys' script, the env file and the unit, from the serving
+    plan; returned: the unit's write, and every write (a change restarts the service)."""
+    topo = serving.nccl.topo
     topo_file = None
     if topo is not None:
         topo_file = nccl_topo_file(
@@ -119,67 +111,48 @@ def sglang() -> None:
         )
     script = file_content(
         name="Write the script that gives SGLang its keys from systemd credentials",
-        content=(
-            render(
-                "sglang/sglang-secrets.py.j2",
-                user=spec.user,
-                config=SECRETS_CONFIG,
-                options=[name for name, _ in credentials(spec)],
-            )
+        content=render(
+            "sglang/sglang-secrets.py.j2",
+            user=spec.user,
+            config=SECRETS_CONFIG,
+            options=[name for name, _ in serving.credentials],
         ),
         path=SECRETS_SCRIPT,
         mode="644",
     )
     env = file_content(
         name="Write the service environment (NCCL settings with their reasons)",
-        content=(
-            render(
-                "sglang/sglang.env.j2",
-                profile=node.profile,
-                profile_note=PROFILE_NOTES[node.profile],
-                lines=(*nccl.env_file_lines(), *recipe.env_file_lines()),
-            )
+        content=render(
+            "sglang/sglang.env.j2",
+            profile=profile,
+            profile_note=serving.profile_note,
+            lines=serving.env_lines,
         ),
         path=ENV_FILE,
         mode="600",
     )
-    unit = file_content(
+    unit = _unit(spec, serving)
+    return unit, [unit, env, script, *([topo_file] if topo_file is not None else [])]
+
+
+def _unit(spec: SglangSpec, serving: ServingPlan) -> OperationMeta:
+    """sglang.service, rendered from the serving plan."""
+    return file_content(
         name="Write sglang.service",
-        content=(
-            render(
-                "sglang/sglang.service.j2",
-                sglang_version=SGLANG_VERSION,
-                served_model_name=spec.served_model_name,
-                model_path=spec.model_path,
-                user=spec.user,
-                env_file=ENV_FILE,
-                credentials=credentials(spec),
-                runtime_directory=RUNTIME_DIRECTORY,
-                exec_start_pre=exec_start_pre(spec),
-                exec_start=exec_start(spec, argv),
-            )
+        content=render(
+            "sglang/sglang.service.j2",
+            sglang_version=SGLANG_VERSION,
+            served_model_name=spec.served_model_name,
+            model_path=spec.model_path,
+            user=spec.user,
+            env_file=ENV_FILE,
+            credentials=serving.credentials,
+            runtime_directory=RUNTIME_DIRECTORY,
+            exec_start_pre=serving.exec_start_pre,
+            exec_start=serving.exec_start,
         ),
         path=UNIT_FILE,
         mode="644",
-    )
-    changes = [unit, env, venv, script, *([topo_file] if topo_file is not None else [])]
-    systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
-    # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
-    # finds it running: one start on a first run, one restart after a change, none otherwise.
-    service(
-        name="Start or restart SGLang (its unit, environment or venv changed)",
-        service=SERVICE,
-        restarted=True,
-        _if=any_changed(*changes),
-    )
-    started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
-    target = probe_target(spec)
-    sglang_ready(
-        name="Wait for SGLang to answer",
-        target=target,
-        key_files=tuple(path for _, path in credentials(spec)),  # masked in the journal lines it shows
-        timeout_s=spec.start_timeout_s,
-        starting=any(op.will_change for op in (started, *changes)),
     )
 
 

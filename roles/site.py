@@ -5,6 +5,10 @@ profile owns and why the order is so).
 before the host rebinds the GPUs; the host; then `vm`: the PCI mappings and the VM; `lxc` / `baremetal`: the
 host driver and, on `lxc`, the container — unless the GPUs stay on vfio-pci until a reboot that is not
 allowed, which the run then says. `serving` (serving hosts): the driver where the host needs one, then SGLang.
+
+The one module in roles/ that imports roles (pyproject's import contract exempts it alone): the table of
+contents of deploy/site.py and deploy/guest.py, whose steps follow the plan, which an entry point (no logic)
+cannot read.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pyinfra.context import host
 from pvegpu.operations.pve_guest import CT, VM
 from pvegpu.run.host_state import read_serving_host
 from pvegpu.run.plan import plan_of
+from pvegpu.run.read_ahead import read_vm_resources_ahead
 from roles.guest_parked import guest_parked_role
 from roles.host_driver import host_driver_parked_role
 from roles.lxc_gpu import lxc_gpu
@@ -23,7 +28,6 @@ from roles.pci_mapping import pci_mapping
 from roles.pve_host import pve_host
 from roles.q35_vm import q35_vm_role
 from roles.sglang import sglang
-from roles.vm_reads import read_vm_resources_ahead
 
 
 def node_site() -> None:

@@ -12,7 +12,8 @@
   per configured sid it lacks, its node from the manager status or else the guest list (where the guest's
   config is: `read_and_check_resources_config`), `state` as PVE::HA::Tools `get_verbose_service_state`
   says it, `request_state` the configured state (default `started`).
-No `lrm:` entries (no LRM runs). Pure: the handlers in pvesh.py pass the files' text and the guest list.
+No `lrm:` entries (no LRM runs). Pure: the handlers in pvelib/api/cluster.py pass the files' text and the
+guest list.
 """
 
 from __future__ import annotations

@@ -6,8 +6,11 @@ guests.
 - `/usr/bin/pct`: lab/pve/pct.py, the STAND-IN for Proxmox's pct (`pct exec` only);
   each as a module in `/usr/lib/pvegpu-lab/` and a launcher that imports it, so that the node's python caches
   its bytecode: run as a script, the 3,000-line pvesh was compiled on every call (~50 ms of the node's CPU,
-  four times in a no-op site run); beside them the modules they import: lab/pve/access.py (the STAND-IN for
-  Proxmox's access control), lab/pve/pveproxy.py (its HTTPS API server) and lab/pve/ha.py (its HA API);
+  four times in a no-op site run); beside them what they import: the package lab/pve/pvelib/ (the STAND-IN
+  for Proxmox's API, copied whole as /usr/lib/pvegpu-lab/pvelib/), lab/pve/access.py (its access control),
+  lab/pve/pveproxy.py (its HTTPS API server), lab/pve/ha.py (its HA API) and pvegpu's section-config reader
+  (pvegpu/facts/section_config.py, standard library only: the node has no pvegpu, so the file is shipped
+  alone, as pvegpu/hook/bundle.py ships the hook's modules);
 - `/usr/bin/pveversion`: a STAND-IN printing the release the pvesh stand-in reports;
 - `/etc/pvegpu-lab/pve.json`: the stand-ins' settings (node name, the node's sysfs root, the hypervisor
   request directory);
@@ -43,7 +46,11 @@ from lab.pve import api_setup
 PVESH = Path(__file__).with_name("pvesh.py")
 PCT = Path(__file__).with_name("pct.py")
 # Modules the stand-ins import (by these names: a stand-in run as a script finds its siblings).
-LIBRARIES = tuple(Path(__file__).with_name(name) for name in ("access.py", "pveproxy.py", "ha.py"))
+LIBRARIES = (
+    *(Path(__file__).with_name(name) for name in ("access.py", "pveproxy.py", "ha.py")),
+    Path(__file__).resolve().parents[2] / "pvegpu/facts/section_config.py",
+)
+PACKAGE = Path(__file__).with_name("pvelib")  # the stand-in's API, copied whole beside the modules
 STANDIN_DIR = "usr/lib/pvegpu-lab"  # the stand-ins' modules, in the node's root
 # The launcher of a stand-in (`{module}`: its module in STANDIN_DIR).
 LAUNCHER = """#!/usr/bin/python3
@@ -80,6 +87,8 @@ def install(host: hosts.LabHost) -> None:
     modules.mkdir(parents=True, exist_ok=True)
     for library in LIBRARIES:
         shutil.copyfile(library, modules / library.name)
+    shutil.rmtree(modules / PACKAGE.name, ignore_errors=True)
+    shutil.copytree(PACKAGE, modules / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
     for source, name in ((PVESH, "pvesh"), (PCT, "pct")):
         module = name  # its sibling modules import it by its name
         shutil.copyfile(source, modules / f"{module}.py")

@@ -3,8 +3,8 @@
 
 Runs inside a lab Proxmox node (Debian's python3, stdlib only; lab/pve/api_setup.py installs and starts
 it) and serves `https://<node>:8006/api2/json/...` with the node's certificate (/etc/pve/local/pve-ssl.pem
-and .key), the routes, parameters and handlers of the pvesh stand-in (pvesh.py: `call_api`), as the caller
-the `Authorization: PVEAPIToken=<user>@<realm>!<name>=<secret>` header names (pve-http-server
+and .key), the routes, parameters and handlers of the pvesh stand-in (the package pvelib: `api.call_api`),
+as the caller the `Authorization: PVEAPIToken=<user>@<realm>!<name>=<secret>` header names (pve-http-server
 AnyEvent.pm and Formatter.pm extract_auth_value, pve-manager HTTPServer.pm auth_handler,
 pve-access-control AccessControl.pm verify_token):
 
@@ -42,17 +42,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING or __package__:
-    from lab.pve import access, pvesh
-else:  # a script (the node's /usr/lib/pvegpu-lab/): its siblings
+    from lab.pve import access
+    from lab.pve.pvelib.api import call_api, find_route
+    from lab.pve.pvelib.errors import DieError, ParamError
+    from lab.pve.pvelib.rest import CMDS, Endpoint, schema_of
+    from lab.pve.pvelib.settings import load_settings
+else:  # a script (the node's /usr/lib/pvegpu-lab/): its siblings and the package pvelib
     import access
-    import pvesh
+    from pvelib.api import call_api, find_route
+    from pvelib.errors import DieError, ParamError
+    from pvelib.rest import CMDS, Endpoint, schema_of
+    from pvelib.settings import load_settings
 
 PORT = 8006
 BASE = "/api2/json"
 CERT = "/etc/pve/local/pve-ssl.pem"
 KEY = "/etc/pve/local/pve-ssl.key"
 UNAUTHORIZED_DELAY_S = 3.0
-METHOD_CMDS = {method: cmd for cmd, method in pvesh.CMDS.items()}
+METHOD_CMDS = {method: cmd for cmd, method in CMDS.items()}
 UNDEFINED = "property is not defined in schema and the schema does not allow additional properties"
 
 
@@ -64,13 +71,13 @@ def extract_auth_value(header: str | None, key: str) -> str | None:
     return urllib.parse.unquote(match.group(1)) if match and match.group(1) else None
 
 
-def request_params(endpoint: pvesh.Endpoint, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+def request_params(endpoint: Endpoint, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """Form or query pairs as the handlers take them: arrays as lists (the key repeated), a `*-list`
     joined with `,`, other repeats the first value. ParamError for a key the endpoint does not define."""
     raw: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for key, value in pairs:
-        schema = pvesh.schema_of(endpoint, key)
+        schema = schema_of(endpoint, key)
         if schema is None:
             errors.setdefault(key, UNDEFINED)
         elif schema.type == "array":
@@ -80,7 +87,7 @@ def request_params(endpoint: pvesh.Endpoint, pairs: list[tuple[str, str]]) -> di
         else:
             raw.setdefault(key, value)
     if errors:
-        raise pvesh.ParamError(errors)
+        raise ParamError(errors)
     return raw
 
 
@@ -113,23 +120,23 @@ class ApiHandler(http.server.BaseHTTPRequestHandler):
         if user is None:
             return
         cmd = METHOD_CMDS[method]
-        found = pvesh.find_route(cmd, rel)
+        found = find_route(cmd, rel)
         if found is None:
             self._send(501, f"Method '{method} {rel}' not implemented", None)
             return
         pairs = urllib.parse.parse_qsl(url.query, keep_blank_values=True)
         if method in ("POST", "PUT"):
             pairs += urllib.parse.parse_qsl(body, keep_blank_values=True)
-        settings = pvesh.load_settings()
+        settings = load_settings()
         try:
             raw = request_params(found[0], pairs)
-            result = pvesh.call_api(settings, access.RpcEnv.load(settings.root, user), cmd, rel, raw)
+            result = call_api(settings, access.RpcEnv.load(settings.root, user), cmd, rel, raw)
         except access.PermissionDenied as error:
             self._fail(403, error.text)
-        except pvesh.ParamError as error:
+        except ParamError as error:
             message = "Parameter verification failed."
             self._send(400, message, {"data": None, "errors": error.errors, "message": f"{message}\n"})
-        except pvesh.DieError as error:
+        except DieError as error:
             self._fail(500, error.text)
         else:
             self._send(200, "OK", {"data": None if found[0].returns_null else result})
@@ -141,7 +148,7 @@ class ApiHandler(http.server.BaseHTTPRequestHandler):
             reason = "No ticket"
         else:
             try:
-                return access.verify_token(pvesh.load_settings().root, api_token)
+                return access.verify_token(load_settings().root, api_token)
             except access.AuthenticationError as error:
                 self.log_message("authentication failure: %s", error.text.rstrip("\n"))
                 reason = "Authentication failed!"
@@ -182,7 +189,7 @@ def serve(settings_root: Path, port: int = PORT) -> None:
 
 def main(argv: list[str]) -> int:
     port = int(argv[0]) if argv else PORT
-    serve(pvesh.load_settings().root, port)
+    serve(load_settings().root, port)
     return 0
 
 

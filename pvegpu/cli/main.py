@@ -8,7 +8,9 @@ that is not a renumbering); 2 unreadable input (and click's usage errors).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -23,11 +25,13 @@ from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import NODE_NAME, PciMapping
 from pvegpu.plan.heal import Status, plan_heal
 from pvegpu.plan.mapping import DEFAULT_PREFIX, MappingPlanError, managed_index, mapping_id, plan_mappings
+from pvegpu.plan.ownership import mapping_description
 from pvegpu.plan.topology import Topology, plan_topology, plan_vendor_topology, topology_to_json
 
 NVIDIA = "10de"
 EXIT_REFUSED = 1
 EXIT_UNREADABLE = 2
+_OWNER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # pve.owner's form
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -104,6 +108,12 @@ def _nodes(
     return tuple(nodes)
 
 
+def _owner(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not _OWNER_ID.fullmatch(value):
+        raise click.BadParameter(f"{value!r} is not an owner id (letters, digits, - and _)")
+    return value
+
+
 def _prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     try:
         mapping_id(value, 0)
@@ -147,6 +157,14 @@ def _prefix(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     help="A pci.cfg to repair: print it as pvegpu would write it after a BIOS change, one line per GPU on "
     "stderr (--id and --count do not apply: the GPUs are every display function of the mappings' vendors).",
 )
+@click.option(
+    "--owner",
+    callback=_owner,
+    metavar="ID",
+    help="The id in pvegpu's mark (pve.owner, else pve.cluster, else the node's name): the sections carry "
+    "`pvegpu-owner: ID` in their description, as pvegpu writes them; with --against only mappings that "
+    "carry it are repaired, as the node's hook decides.",
+)
 def mapping(  # click passes the options by name
     *,
     nodes: tuple[tuple[str, Path], ...],
@@ -155,6 +173,7 @@ def mapping(  # click passes the options by name
     prefix: str,
     single: tuple[int, ...],
     against: Path | None,
+    owner: str | None,
 ) -> None:
     """Print the /etc/pve/mapping/pci.cfg sections pvegpu would write: one mapping per GPU, one map line
     per node, exactly as Proxmox stores them.
@@ -168,9 +187,11 @@ def mapping(  # click passes the options by name
     With --against PCI_CFG: print that file with each node's renumber-only drift repaired (every other line
     byte for byte; a line keeps its shape, whole slot or `.0`), and on stderr one line per GPU and node: `gpu0
     pve1: unchanged`, `gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16, repaired`, or what changed and
-    why it is not repaired. A node with any GPU not repaired keeps all its lines. Exit status 0 when every
-    GPU is unchanged or repaired, 1 when a hardware change is not a renumbering, 2 when a tree or the file
-    cannot be read.
+    why it is not repaired. A node with any GPU not repaired keeps all its lines. With --owner ID, a
+    drifted mapping whose description lacks `pvegpu-owner: ID` is not repaired (`mapping.adopt`); without
+    it, marks are not checked. Exit status 0 when every GPU is unchanged or repaired, 1 when a hardware
+    change is not a renumbering or a drifted mapping is not pvegpu's, 2 when a tree or the file cannot be
+    read.
     """
     if against is not None:
         if ids or count is not None or single:
@@ -178,7 +199,7 @@ def mapping(  # click passes the options by name
                 "--against decides on the GPUs the mappings name, keeping each line's shape: no --id, "
                 "--count or --single-function"
             )
-        _repair(nodes, against, prefix)
+        _repair(nodes, against, prefix, owner)
         return
     topologies = {name: _plan(_read(directory), ids, count) for name, directory in nodes}
     try:
@@ -187,16 +208,18 @@ def mapping(  # click passes the options by name
         for problem in error.problems:
             click.echo(f"pvegpu: {problem}", err=True)
         raise SystemExit(EXIT_REFUSED) from None
+    if owner is not None:
+        planned = tuple(replace(m, description=mapping_description(None, owner)) for m in planned)
     click.echo(render_pci_cfg(planned), nl=False)
 
 
-def _repair(nodes: tuple[tuple[str, Path], ...], against: Path, prefix: str) -> None:
+def _repair(nodes: tuple[tuple[str, Path], ...], against: Path, prefix: str, owner: str | None) -> None:
     text = _read_cfg(against, prefix)
     sections: tuple[PciMapping, ...] = parse_pci_cfg(text, str(against)).mappings
     replacements: dict[tuple[str, str], str] = {}
     ok = True
     for name, directory in sorted(nodes):
-        plan = plan_heal(name, sections, _read(directory), prefix)
+        plan = plan_heal(name, sections, _read(directory), prefix, owner)
         for line in plan.lines:
             click.echo(line, err=True)
         for gpu in plan.gpus:

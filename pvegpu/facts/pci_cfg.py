@@ -1,7 +1,7 @@
 """/etc/pve/mapping/pci.cfg: a faithful pure parser and Proxmox's canonical writer.
 
 The grammar and behaviours are PVE::SectionConfig's with PVE::Mapping::PCI's header
-(shared/knowledge/proxmox-pci-mapping.md §1-2):
+(shared/knowledge/proxmox-pci-mapping.md §1-2), read by the shared reader (facts/section_config.py):
 
 - A header is a bare, non-indented mapping id (`^(\\S+)\\s*$`); an id that is not a `pve-configid` skips
   the whole section with the warning `(skip section 'Bad.Id'): invalid configuration ID 'Bad.Id'`.
@@ -19,17 +19,15 @@ Warnings carry SectionConfig's prefix `file <filename> line <n>`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from pvegpu.facts import section_config
 from pvegpu.models.pve import CONFIG_ID, DESCRIPTION_MAX, MapEntryError, PciMapping, parse_map_entry
 
 FILENAME = "mapping/pci.cfg"
 
-_HEADER = re.compile(r"(\S+)\s*")
-_PROPERTY = re.compile(r"\s+(\S+)(\s+(.*\S))?\s*")
-_COMMENT = re.compile(r"\s*#")
 
 BOOLEAN_KEYS = ("live-migration-capable", "mdev")
 SECTION_KEYS = ("map", "description", *BOOLEAN_KEYS)
@@ -59,99 +57,61 @@ class PciCfg:
         return next((m for m in self.mappings if m.id == mapping_id), None)
 
 
-class _Section:
-    def __init__(self, mapping_id: str, line: int) -> None:
-        self.id = mapping_id
-        self.line = line
-        self.map: list[str] = []
-        self.values: dict[str, str] = {}
-
-
 def parse_pci_cfg(text: str, filename: str = FILENAME) -> PciCfg:
     """Parse pci.cfg text as Proxmox does (see the module docstring); never raises on bad content."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # Perl's split drops trailing empty fields; inner blank lines stay
-    position = 0
-
-    def next_line() -> tuple[int, str] | None:
-        nonlocal position
-        while position < len(lines):
-            position += 1
-            if not _COMMENT.match(lines[position - 1]):
-                return position, lines[position - 1]
-        return None
-
-    sections: list[_Section] = []
+    mappings: list[PciMapping] = []
+    failed: list[tuple[int, str]] = []
     warnings: list[str] = []
     errors: list[CfgError] = []
-    while position < len(lines):
-        got = next_line()
-        if got is None or got[1] == "":
+    for item in section_config.read_sections(text, section_config.ID_HEADER):
+        if isinstance(item, section_config.Stray):
+            warnings.append(f"file {filename} line {item.number} - ignore config line: {item.line}")
             continue
-        number, line = got
-        header = _HEADER.fullmatch(line)
-        if header is None:
-            warnings.append(f"file {filename} line {number} - ignore config line: {line}")
-            continue
-        section: _Section | None = _Section(header[1], number)
-        if not CONFIG_ID.fullmatch(header[1]):
+        mapping_id = item.header[1]
+        if not CONFIG_ID.fullmatch(mapping_id):
             warnings.append(
-                f"file {filename} line {number} (skip section '{header[1]}'): "
-                f"invalid configuration ID '{header[1]}'"
+                f"file {filename} line {item.number} (skip section '{mapping_id}'): "
+                f"invalid configuration ID '{mapping_id}'"
             )
-            section = None
-        while (got := next_line()) is not None and got[1] != "":
-            if section is not None:
-                _property(section, got, filename, warnings, errors)
-        if section is not None:
-            sections.append(section)
-    mappings, failed = [], []
-    for section in sections:
-        if section.map:
-            mappings.append(_mapping(section))
+            continue
+        values, problems = section_config.properties(item, _checked, arrays=("map",))
+        for problem in problems:
+            context = f"file {filename} line {problem.entry.number}"
+            if problem.err is None:
+                warnings.append(
+                    f"{context} (section '{mapping_id}') - ignore config line: {problem.entry.line}"
+                )
+                continue
+            key = problem.entry.key or ""
+            errors.append(CfgError(context, mapping_id, key, problem.err))
+            if problem.err != section_config.DUPLICATE:
+                warnings.append(
+                    f"{context} (section '{mapping_id}') - unable to parse value of '{key}': {problem.err}"
+                )
+        if values.get("map"):
+            mappings.append(_mapping(mapping_id, values))
         else:
-            failed.append(section.id)
-            warnings.append(
-                f"file {filename} line {section.line} (skip section '{section.id}'): "
-                "missing value for required option 'map'"
-            )
-    return PciCfg(tuple(mappings), tuple(failed), tuple(errors), tuple(warnings))
+            failed.append((item.number, mapping_id))
+    for number, mapping_id in failed:
+        warnings.append(
+            f"file {filename} line {number} (skip section '{mapping_id}'): "
+            "missing value for required option 'map'"
+        )
+    return PciCfg(tuple(mappings), tuple(i for _, i in failed), tuple(errors), tuple(warnings))
 
 
-def _property(
-    section: _Section, got: tuple[int, str], filename: str, warnings: list[str], errors: list[CfgError]
-) -> None:
-    number, line = got
-    context = f"file {filename} line {number}"
-    match = _PROPERTY.fullmatch(line)
-    if match is None:
-        warnings.append(f"{context} (section '{section.id}') - ignore config line: {line}")
-        return
-    key, value = match[1], match[3]
-
-    def error(err: str) -> None:
-        warnings.append(f"{context} (section '{section.id}') - unable to parse value of '{key}': {err}")
-        errors.append(CfgError(context, section.id, key, err))
-
+def _checked(key: str, value: str | None) -> str:
+    """SectionConfig's check_value for pci.cfg's keys: the value to keep, or SectionValueError."""
     if key not in SECTION_KEYS:
-        error(f"unexpected property '{key}'")
-        return
-    if key != "map" and key in section.values:
-        errors.append(CfgError(context, section.id, key, "duplicate attribute"))
-        return
+        raise section_config.SectionValueError(f"unexpected property '{key}'")
     if value is None:
         if key not in BOOLEAN_KEYS:
-            error("property is missing and it is not optional")
-            return
+            raise section_config.SectionValueError("property is missing and it is not optional")
         value = "1"
     problem = _section_value_problem(key, value)
     if problem is not None:
-        error(problem)
-    elif key == "map":
-        section.map.append(value)
-    else:
-        section.values[key] = value
+        raise section_config.SectionValueError(problem)
+    return value
 
 
 def _section_value_problem(key: str, value: str) -> str | None:
@@ -168,15 +128,15 @@ def _section_value_problem(key: str, value: str) -> str | None:
     return None
 
 
-def _mapping(section: _Section) -> PciMapping:
+def _mapping(mapping_id: str, values: dict[str, Any]) -> PciMapping:
     def boolean(key: str) -> bool | None:
-        value = section.values.get(key)
+        value = values.get(key)
         return None if value is None else value == "1"
 
     return PciMapping(
-        id=section.id,
-        map=tuple(section.map),
-        description=section.values.get("description"),
+        id=mapping_id,
+        map=tuple(values["map"]),
+        description=values.get("description"),
         mdev=boolean("mdev"),
         live_migration_capable=boolean("live-migration-capable"),
     )
@@ -215,16 +175,16 @@ def replace_map_lines(text: str, replacements: Mapping[tuple[str, str], str]) ->
     found: dict[tuple[str, str], int] = dict.fromkeys(replacements, 0)
     section: str | None = None
     for number, line in enumerate(lines):
-        if _COMMENT.match(line):
+        if section_config.COMMENT.match(line):
             continue
         if line == "":
             section = None
             continue
         if section is None:
-            header = _HEADER.fullmatch(line)
+            header = section_config.ID_HEADER.fullmatch(line)
             section = header[1] if header else None
             continue
-        match = _PROPERTY.fullmatch(line)
+        match = section_config.PROPERTY.fullmatch(line)
         if match is None or match[1] != "map" or (section, match[3]) not in replacements:
             continue
         found[section, match[3]] += 1

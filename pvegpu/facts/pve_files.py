@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from pvegpu.facts import section_config
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.pve import QEMU_RUN_DIR, MapEntry, MapEntryError, PciMapping, QemuProcess, parse_map_entry
@@ -71,8 +72,6 @@ MASKED = "**********"
 # pve-storage (src/PVE/Storage/Plugin.pm, DirPlugin.pm): what a `dir` storage may hold.
 DIR_CONTENT = frozenset({"images", "rootdir", "vztmpl", "iso", "backup", "snippets", "import"})
 LOCAL = "local"
-_STORAGE_HEADER = re.compile(r"(\S+):\s*(\S+)\s*")
-_STORAGE_PROPERTY = re.compile(r"\s+(\S+)(\s+(.*\S))?\s*")
 _CONFIG_ID = re.compile(r"[a-z][a-z0-9\-_.]*[a-z0-9]", re.IGNORECASE)
 
 
@@ -172,26 +171,22 @@ def storage_answer(raw: bytes, storage: str) -> dict[str, object] | None:
 
 
 def _storage_sections(text: str) -> dict[str, tuple[str, dict[str, str]]]:
-    """PVE::SectionConfig's reading of storage.cfg: `type: id` headers, indented `key value` lines up to an
-    empty line, `#` lines skipped; a repeated key keeps its first value, a repeated id its last section.
-    Sections with an invalid id are left out."""
-    lines = [line for line in text.split("\n") if not line.lstrip().startswith("#")]
+    """PVE::SectionConfig's reading of storage.cfg (facts/section_config.py): `type: id` headers, indented
+    `key value` lines up to an empty line, `#` lines skipped; a repeated key keeps its first value, a key
+    without a value is left out, a repeated id keeps its last section. Sections with an invalid id are left
+    out."""
     sections: dict[str, tuple[str, dict[str, str]]] = {}
-    index = 0
-    while index < len(lines):
-        header = _STORAGE_HEADER.fullmatch(lines[index])
-        index += 1
-        if header is None:
-            continue
-        options: dict[str, str] = {}
-        while index < len(lines) and lines[index]:
-            prop = _STORAGE_PROPERTY.fullmatch(lines[index])
-            if prop is not None and prop[3] is not None:
-                options.setdefault(prop[1], prop[3])
-            index += 1
-        if _CONFIG_ID.fullmatch(header[2]):
-            sections[header[2]] = (header[1], options)
+    for item in section_config.read_sections(text):
+        if isinstance(item, section_config.Section) and _CONFIG_ID.fullmatch(item.header[2]):
+            options, _ = section_config.properties(item, _storage_value)
+            sections[item.header[2]] = (item.header[1], options)
     return sections
+
+
+def _storage_value(key: str, value: str | None) -> str:
+    if value is None:
+        raise section_config.SectionValueError(f"no value for '{key}'")
+    return value
 
 
 def mappings_answer(raw: bytes, node: str, hardware: HostHardware) -> list[dict[str, object]] | None:

@@ -10,7 +10,9 @@ changes only when a module's source does: a run with the same pvegpu writes noth
 - `modules()`: the entry module and every `pvegpu` module it imports, transitively (imports under
   `if TYPE_CHECKING:` do not count: they never run); raises BundleError naming a module that imports a
   package outside the standard library;
-- `build()`: the zipapp bytes (`__main__.py` runs `pvegpu.hook.main`);
+- `build()`: the zipapp bytes (`__main__.py` runs `pvegpu.hook.main`) of `HOOK_MODULES`: what `modules()`
+  finds, written down so that a run reads no source to find it (the walk took ~30 ms of every run's CPU);
+  a unit test holds the two equal, so a new import in the hook fails the tests until the list has it;
 - `wrapper(...)`: the hookscript itself, a POSIX sh script naming the pvegpu version and the bundle's sha256.
   It runs the bundle only on `pre-start` and only when the file's sha256 is the one pvegpu wrote: anything
   else at that path is not run (root runs the hookscript); the start then goes on without pvegpu's repair,
@@ -37,6 +39,30 @@ BUNDLE_PATH = "/usr/local/lib/pvegpu/pvegpu-hook.pyz"
 PYTHON = "/usr/bin/python3"
 _MAIN = "import sys\n\nfrom pvegpu.hook.main import main\n\nsys.exit(main())\n"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+HOOK_MODULES = (
+    "pvegpu",
+    "pvegpu.facts",
+    "pvegpu.facts.hardware_parse",
+    "pvegpu.facts.parsing",
+    "pvegpu.facts.pci_cfg",
+    "pvegpu.facts.section_config",
+    "pvegpu.hook",
+    "pvegpu.hook.decide",
+    "pvegpu.hook.main",
+    "pvegpu.hook.pre_start",
+    "pvegpu.hook.pvesh",
+    "pvegpu.models",
+    "pvegpu.models.hardware",
+    "pvegpu.models.pve",
+    "pvegpu.plan",
+    "pvegpu.plan.errors",
+    "pvegpu.plan.heal",
+    "pvegpu.plan.mapping",
+    "pvegpu.plan.ownership",
+    "pvegpu.plan.topology",
+)
 
 
 class BundleError(RuntimeError):
@@ -66,13 +92,13 @@ def modules(entry: str = ENTRY) -> tuple[str, ...]:
     return tuple(sorted(seen))
 
 
-def build(entry: str = ENTRY) -> Bundle:
-    """The zipapp of `modules(entry)` (module docstring)."""
+def build() -> Bundle:
+    """The zipapp of `HOOK_MODULES` (module docstring)."""
     root = Path(__file__).resolve().parents[2]
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         files = {
-            _source(root, name).relative_to(root).as_posix(): _source(root, name) for name in modules(entry)
+            _source(root, name).relative_to(root).as_posix(): _source(root, name) for name in HOOK_MODULES
         }
         entries = {**{name: path.read_bytes() for name, path in files.items()}, "__main__.py": _MAIN.encode()}
         for name in sorted(entries):
@@ -88,14 +114,16 @@ def wrapper(
     *,
     mode: str,
     prefix: str,
+    owner: str,
     sysfs_root: str,
     bundle_path: str = BUNDLE_PATH,
     python: str = PYTHON,
 ) -> str:
     """The hookscript: on `pre-start`, `exec python3 BUNDLE_PATH --mode ... "$@"` (Proxmox adds `<vmid>
     <phase>`) when the bundle's sha256 is `bundle.sha256`, else `mismatch_line` and exit 0 (module docstring);
-    other phases exit 0 at once. `bundle_path` and `python` are for tests."""
-    options = ["--mode", mode, "--prefix", prefix, "--sysfs-root", sysfs_root]
+    other phases exit 0 at once. `owner`: the id in pvegpu's mark (the hook repairs only mappings that carry
+    it). `bundle_path` and `python` are for tests."""
+    options = ["--mode", mode, "--prefix", prefix, "--owner", owner, "--sysfs-root", sysfs_root]
     command = shlex.join([python, bundle_path, *options])
     line = mismatch_line("$1", bundle_path, bundle)
     return (

@@ -13,6 +13,11 @@ compared over every card) for the GPUs this VM maps:
   clique parts of the VM's `args` address its device `hostpciN` (plan/p2p.py), which a whole slot would
   rename `hostpciN.0`; `pvegpu mapping --against` repairs alike (both are plan/heal.py);
 - renumber-only drift (`check`): what each repair would be, nothing to write, refused;
+- renumber-only drift of a mapping without pvegpu's mark for `Start.owner` (its description lacks
+  `pvegpu-owner: <owner>`, plan/ownership.py): pvegpu repairs only its own mappings, so nothing is
+  repaired; one line per GPU, the unmarked one's naming it and `mapping.adopt` (`pvegpu: gpu3 pve1:
+  0000:71:00 group 23 -> 0000:72:00 group 41 is a renumbering, but mapping gpu3 is not pvegpu's (no
+  pvegpu mark; mapping.adopt: true adopts it), not repaired`), then the fix; refused;
 - anything else: per GPU what changed and why it is not repaired, then the fix command; refused.
 Every line printed starts with `pvegpu: `.
 """
@@ -28,6 +33,7 @@ from pvegpu.models.hardware import HostHardware
 from pvegpu.models.pve import PciMapping
 from pvegpu.plan.heal import Status, plan_heal
 from pvegpu.plan.mapping import managed_index
+from pvegpu.plan.ownership import MAPPING_SWITCH
 
 FIX_COMMAND = "pyinfra inventory.py deploy/rebuild_vm.py"
 PREFIX = "pvegpu: "
@@ -43,12 +49,14 @@ class Mode(StrEnum):
 
 @dataclass(frozen=True)
 class Start:
-    """One start: the VM, the node it starts on, `vm.self_heal` and `vm.mapping_prefix`."""
+    """One start: the VM, the node it starts on, `vm.self_heal`, `vm.mapping_prefix` and the id in pvegpu's
+    mark (`owner`, plan/ownership.py `owner_id`): only mappings marked with it are repaired."""
 
     vmid: int
     node: str
     mode: Mode
     prefix: str
+    owner: str
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,7 @@ def decide(
     ids = [name for name in mapped_ids(config_text) if managed_index(start.prefix, name) is not None]
     if not ids:
         return Decision((f"{PREFIX}{vm} maps no {start.prefix}<N> mapping: nothing to check",), (), False)
-    plan = plan_heal(start.node, sections, hardware, start.prefix)
+    plan = plan_heal(start.node, sections, hardware, start.prefix, start.owner)
     gpus = [gpu for gpu in plan.gpus if gpu.mapping in ids]
     unknown = [name for name in ids if name not in {gpu.mapping for gpu in gpus}]
     if unknown:
@@ -122,8 +130,16 @@ def decide(
         return Decision(tuple(lines), (), True)
     lines = [PREFIX + gpu.line for gpu in gpus]
     lines.extend(f"{PREFIX}{start.node}: {sentence}, not repaired" for sentence in plan.added)
-    lines.append(
-        f"{PREFIX}{vm} not started: the GPUs of {start.node} changed, not only their numbers; check the "
-        f"hardware, then run: {FIX_COMMAND}"
-    )
+    if plan.hardware_changed:
+        lines.append(
+            f"{PREFIX}{vm} not started: the GPUs of {start.node} changed, not only their numbers; check the "
+            f"hardware, then run: {FIX_COMMAND}"
+        )
+    else:
+        one = len(plan.unowned) == 1
+        lines.append(
+            f"{PREFIX}{vm} not started: pvegpu repairs only its own mappings, and {', '.join(plan.unowned)} "
+            f"{'lacks' if one else 'lack'} its mark; to let pvegpu repair {'it' if one else 'them'}, set "
+            f"{MAPPING_SWITCH}: true, then run: {FIX_COMMAND}"
+        )
     return Decision(tuple(lines), (), True)

@@ -1,11 +1,11 @@
 """The pre-start hookscript's entry point: `python3 pvegpu-hook.pyz [options] VMID PHASE`.
 
 Proxmox runs the wrapper (`<snippets>/pvegpu-hook`, written by pvegpu) as `pvegpu-hook <vmid> <phase>`; the
-wrapper adds the options the inventory gives (`--mode`, `--prefix`, `--sysfs-root`). Phases other than
-`pre-start` exit 0 at once. On `pre-start` the hook reads the VM's config and /etc/pve/mapping/pci.cfg (the
-files Proxmox's own check reads next), the node's PCI hardware, decides (decide.py), prints its lines to the
-task log, writes the repairs with `pvesh set ... --digest` and exits 0 (start) or 1 (refused: the VM does not
-start).
+wrapper adds the options the inventory gives (`--mode`, `--prefix`, `--owner`, `--sysfs-root`); without
+`--owner` no mapping is pvegpu's, so none is repaired. Phases other than `pre-start` exit 0 at once. On
+`pre-start` the hook reads the VM's config and /etc/pve/mapping/pci.cfg (the files Proxmox's own check reads
+next), the node's PCI hardware, decides (decide.py), prints its lines to the task log, writes the repairs
+with `pvesh set ... --digest` and exits 0 (start) or 1 (refused: the VM does not start).
 
 Each repair re-reads pci.cfg and writes only when the mapping still holds what the decision was made on, with
 that file's digest: a concurrent edit is never overwritten; the start then fails saying so, and the next start
@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pvegpu.hook.decide import Mode, Start  # noqa: PLC0415 - only pre-start pays for the planner's import
         from pvegpu.hook.pre_start import pre_start  # noqa: PLC0415
 
-        start = Start(args.vmid, os.uname().nodename.split(".")[0], Mode(args.mode), args.prefix)
+        node = os.uname().nodename.split(".")[0]
+        start = Start(args.vmid, node, Mode(args.mode), args.prefix, args.owner)
         return pre_start(start, Path(args.pve_root), Path(args.sysfs_root), args.pvesh, args.timeout)
     except Exception as error:  # any failure leaves the start to Proxmox (module docstring)
         line = failure_line(args.vmid, error)
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pvegpu-hook", description="pvegpu's pre-start hookscript")
     parser.add_argument("--mode", choices=MODES, default=MODES[0])
     parser.add_argument("--prefix", default="gpu", help="mapping ids are PREFIX0, PREFIX1, ...")
+    parser.add_argument("--owner", default="", help="the id in pvegpu's mark: only its mappings are repaired")
     parser.add_argument("--sysfs-root", default="/sys")
     parser.add_argument("--pve-root", default="/", help="where /etc/pve is (tests)")
     parser.add_argument("--pvesh", default=PVESH)

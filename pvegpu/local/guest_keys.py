@@ -69,14 +69,21 @@ class GuestPlace:
     @property
     def scope(self) -> str:
         """The folder of this inventory's cluster in guest-keys (module docstring)."""
-        cluster = self.cluster or self.node
-        owner = owner_id(self.owner, self.cluster, self.node)
-        return cluster if owner == cluster else f"{owner}@{cluster}"
+        return key_scope(self.cluster, self.owner, self.node)
 
     @property
     def stem(self) -> str:
         """`<node>-<vmid>`: the guest's files' name within its scope."""
         return f"{self.node}-{int(self.vmid)}"
+
+
+def key_scope(cluster: str | None, owner: str | None, node: str) -> str:
+    """The folder in guest-keys of the inventory with `pve.cluster` `cluster` and `pve.owner` `owner` for
+    node `node`: `<cluster>`, or `<owner>@<cluster>` when the owner id is not the cluster's (module
+    docstring); a standalone node's cluster is its name."""
+    scope = cluster or node
+    owner_of = owner_id(owner, cluster, node)
+    return scope if owner_of == scope else f"{owner_of}@{scope}"
 
 
 def guest_keys_directory(known_hosts: Path | str) -> Path:
@@ -134,14 +141,14 @@ def adopt_name_keyed_files(known_hosts: Path | str, place: GuestPlace, vm_name: 
                 source.unlink()  # the same bytes: a copy left by a move that was cut before the unlink
                 continue
             _make_directory(target.parent)
-            _move(source, target)
+            move_unreplaced(source, target)
         except OSError as error:
             raise GuestKeyError(f"{source}: not moved to {target}: {error.strerror or error}") from None
         moved.append(target)
     return moved
 
 
-def _move(source: Path, target: Path) -> None:
+def move_unreplaced(source: Path, target: Path) -> None:
     """Rename `source` to `target` without replacing a file there: a hard link, then the old name unlinked
     (a cut leaves both names of one file, which the next run takes as a copy); a plain rename where the
     filesystem has no hard links."""

@@ -69,7 +69,12 @@ class DriverSpec(BaseModel):
     )
     allow_reboot: bool = Field(
         default=False,
-        description="Reboot when the loaded kernel module is not the pinned one after installing; else fail.",
+        description=(
+            "Reboot when the loaded kernel module is not the pinned one after installing; else fail. On a "
+            "Proxmox node (`lxc`, `baremetal`) the reboot passes the node's guards first, as the host's "
+            "does: refused while a guest that is not pvegpu's runs (`pve_host.allow_reboot_with_foreign_"
+            "guests`) or when the next boot's kernel lacks the module."
+        ),
     )
     reboot_timeout_s: StrictInt = Field(
         default=600, ge=30, description="Seconds to wait for the host to come back after a reboot."

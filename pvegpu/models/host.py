@@ -84,10 +84,11 @@ class HostSpec(BaseModel):
     allow_reboot_with_foreign_guests: StrictBool = Field(
         default=False,
         description=(
-            "Let a reboot pvegpu triggers go ahead while guests that are not pvegpu's (not the inventory's "
-            "`vm.vmid` / `lxc.vmid`) run on the node or HA resources wanting `started` are placed on it: "
-            "the reboot stops them. False: such a reboot is refused, naming each guest (vmid, name, type) "
-            "and HA resource, before any host is changed. Needs `allow_reboot`."
+            "Let a reboot pvegpu triggers (the host's, and the driver's own on `lxc`/`baremetal`) go ahead "
+            "while guests that are not pvegpu's (other than the inventory's `vm.vmid` / `lxc.vmid` carrying "
+            "pvegpu's mark) run on the node or HA resources wanting `started` are placed on it: the reboot "
+            "stops them. False: such a reboot is refused, naming each guest (vmid, name, type) and HA "
+            "resource, before any host is changed. Needs `allow_reboot`."
         ),
     )
     reboot_timeout_s: StrictInt = Field(

@@ -20,6 +20,7 @@ class MappingSpec(BaseModel):
         description=(
             "Take over `gpuN` mappings that lack pvegpu's mark (the line `pvegpu-owner: <pve.owner>` in "
             "their description), e.g. ones made by hand: the run writes the mark, later runs need no switch. "
-            "Without it such a mapping is refused, every mapping left as it is."
+            "Without it such a mapping is refused, every mapping left as it is, and the node's pre-start "
+            "hook does not repair it after a BIOS change (the VM's start is refused, naming it)."
         ),
     )

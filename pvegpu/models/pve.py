@@ -253,6 +253,30 @@ class StorageVolume:
 
 
 @dataclass(frozen=True)
+class ReplicationJob:
+    """A storage replication job (`GET /cluster/replication`, pve-manager API2/ReplicationConfig.pm over
+    pve-guest-common ReplicationConfig.pm): its `id` (`<guest>-<jobnum>`) and the `guest` it replicates."""
+
+    id: str
+    guest: int
+
+
+@dataclass(frozen=True)
+class BackupJob:
+    """A vzdump backup job (`GET /cluster/backup`, pve-manager API2/Backup.pm): its `id`, what selects its
+    guests (PVE::VZDump get_included_guests: `pool`, else the `vmids` list, else `all` but `exclude`), the
+    `node` it is limited to (None: every node) and whether it is `enabled`."""
+
+    id: str
+    vmids: tuple[int, ...] = ()
+    all: bool = False
+    exclude: tuple[int, ...] = ()
+    pool: str | None = None
+    node: str | None = None
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class GuestInterface:
     """An interface the QEMU guest agent reports: name, MAC and IPv4 addresses (`address/prefix`)."""
 

@@ -8,8 +8,9 @@ root@pam may set (`hookscript`, `args`, `hugepages`, `affinity`, `lock`, raw `ho
 
 `path` is the ACL path the check names (qemu-server API2/Qemu.pm, API2/Qemu/Agent.pm; pve-container
 LXC.pm check_ct_modify_config_perm; pve-storage API2/Storage/*.pm, Storage.pm check_volume_access;
-pve-manager API2/Cluster/Mapping/PCI.pm, API2/Tasks.pm; pve-guest-common GuestHelpers.pm
-check_vnet_access); `{vmid}`, `{storage}`, `{id}`, `{node}`, `{bridge}` stand for the object's own id.
+pve-manager API2/Cluster/Mapping/PCI.pm, API2/Tasks.pm, API2/Backup.pm; pve-ha-manager
+API2/HA/Resources.pm; pve-guest-common GuestHelpers.pm check_vnet_access); `{vmid}`, `{storage}`, `{id}`,
+`{node}`, `{bridge}` stand for the object's own id. A privilege checked on two paths is listed once per path.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class PvePrivilege:
 
 PVE_PRIVILEGES: tuple[PvePrivilege, ...] = (
     PvePrivilege("VM.Allocate", "/vms/{vmid}", "create and destroy the VMs and containers it manages"),
-    PvePrivilege("VM.Audit", "/vms/{vmid}", "read a guest's config, status and tasks"),
+    PvePrivilege("VM.Audit", "/vms/{vmid}", "read a guest's config, status, tasks and replication jobs"),
     PvePrivilege("VM.Config.CPU", "/vms/{vmid}", "set cores, sockets, cpu, numa and numaN"),
     PvePrivilege("VM.Config.Memory", "/vms/{vmid}", "set memory"),
     PvePrivilege(
@@ -79,6 +80,11 @@ PVE_PRIVILEGES: tuple[PvePrivilege, ...] = (
         "see the guests' tasks started by root@pam; with Sys.Modify on /: download-url",
     ),
     PvePrivilege(
+        "Sys.Audit",
+        "/",
+        "read the HA resources and backup jobs that hold or include a dead create pvegpu destroys",
+    ),
+    PvePrivilege(
         "Sys.Modify",
         "/",
         "download-url (with Sys.Audit on /, or Sys.AccessNetwork on the node); create a privileged container",
@@ -87,5 +93,6 @@ PVE_PRIVILEGES: tuple[PvePrivilege, ...] = (
 
 
 def privilege_names() -> tuple[str, ...]:
-    """The role's privileges, sorted: what `pveum role add PVEGPU --privs` takes (comma-joined)."""
-    return tuple(sorted(privilege.name for privilege in PVE_PRIVILEGES))
+    """The role's privileges, sorted, each once (one may be checked on several paths): what `pveum role add
+    PVEGPU --privs` takes (comma-joined)."""
+    return tuple(sorted({privilege.name for privilege in PVE_PRIVILEGES}))

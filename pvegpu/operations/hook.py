@@ -1,5 +1,10 @@
 """pvegpu's pre-start hookscript on the node: the zipapp of the hook's modules and the wrapper Proxmox runs.
 
+`self_heal` is the VM role's step for `vm.self_heal` `repair` or `check`: the hookscript is on the node (its
+storage offering `snippets`: pvegpu/operations/cloud_image.py `storages_offer`) before the VM role sets the
+VM's `hookscript` to it (check_hookscript refuses a volume that does not exist). With `off` nothing is
+installed and the VM role removes pvegpu's `hookscript` from the VM (plan/vm.py).
+
 `hook_installed` compares each file's sha256 on the node with what this pvegpu builds (pvegpu/hook/bundle.py)
 and writes only a file that differs, atomically (pvegpu/operations/files.py): the zipapp at
 `bundle.BUNDLE_PATH` (0644 root, uploaded to its staging name, then checked and renamed), the wrapper in the
@@ -7,9 +12,10 @@ snippets directory (0755 root: Proxmox runs it as the VM's `hookscript`). The sa
 bytes, so a second run changes nothing; another pvegpu version or another mode rewrites them.
 
 Root runs the hookscript at every VM start, so it lives only where no one but this node's root can change it:
-- `shared_storage_refusal`: a shared snippets storage is refused before any host is changed (the role
-  raises it): a network type (pve-storage's @SHARED_STORAGE, glusterfs too) or any storage marked
-  `shared 1` is written from other nodes, or by whoever else mounts it, and every node would run it;
+- `shared_storage_refusal`: a shared snippets storage is refused before any host is changed (`self_heal`
+  raises it while pyinfra collects operations): a network type (pve-storage's @SHARED_STORAGE, glusterfs
+  too) or any storage marked `shared 1` is written from other nodes, or by whoever else mounts it, and every
+  node would run it;
 - before writing, the snippets directory and the bundle's must be root's and not writable by group or
   others (`directory_check`); they are checked only when something is written (the state read of a no-op
   run does not list directories' owners), so a no-op run stays one remote command. The wrapper checks the
@@ -25,12 +31,19 @@ import shlex
 from collections.abc import Generator
 
 from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.hook.bundle import BUNDLE_PATH, Bundle
+from pvegpu.hook.bundle import BUNDLE_PATH, Bundle, build
+from pvegpu.hook.bundle import wrapper as wrapper_text
+from pvegpu.models.node import NodeSpec
 from pvegpu.models.pve import StorageConfig
+from pvegpu.models.vm import VmSpec
 from pvegpu.operations.files import install_staged, temp_path, write_file
+from pvegpu.operations.snippets import directory_of, snippets_storage
+from pvegpu.plan.vm import HOOKSCRIPT
+from pvegpu.pve.client import PveClient
 from pvegpu.run.node_state import node_file_sha256
 
 # pve-storage src/PVE/Storage/Plugin.pm @SHARED_STORAGE (parse_config sets `shared` for them), and glusterfs,
@@ -92,3 +105,27 @@ def hook_installed(
         yield install_staged(BUNDLE_PATH, bundle.sha256)
     if wrapper_now != wrapper_sha256:
         yield write_file(wrapper_path, wrapper, mode="0755", check="sh -n")
+
+
+def self_heal(api: PveClient, node: NodeSpec, spec: VmSpec, owner: str) -> None:
+    """The hookscript for the VM `spec` on `node` (module docstring; nothing for `self_heal: off`); the hook
+    repairs only mappings marked with `owner` (pvegpu/plan/ownership.py)."""
+    if spec.self_heal == "off":
+        return
+    storage = snippets_storage(api, spec.snippets_storage)
+    refusal = shared_storage_refusal(storage)
+    if refusal is not None:
+        raise OperationError(f"{host.name}: {refusal}")
+    bundle = build()
+    hook_installed(
+        name="The node's pre-start hookscript is installed",
+        bundle=bundle,
+        wrapper_path=f"{directory_of(storage)}/{HOOKSCRIPT}",
+        wrapper=wrapper_text(
+            bundle,
+            mode=spec.self_heal,
+            prefix=spec.mapping_prefix,
+            owner=owner,
+            sysfs_root=str(node.sysfs_root),
+        ),
+    )

@@ -2,6 +2,12 @@
 
 They decide from the host's one state read (`pvegpu.run.host_state.state_of`: the keyring, the list file's
 sha256, the loaded module, nvidia-smi); packages, files and units are `pvegpu.operations.from_state`'s.
+
+The driver's own reboot on a Proxmox node (placement `pve-host`) passes the guards of every node reboot
+(pvegpu/operations/reboot.py `refuse_node_reboot`: no foreign guest stopped, no kernel without the module):
+`refuse_driver_reboot` while the role collects its operations when the reboot is certain, and
+`driver_module` again right before it reboots. A VM guest's reboot stops nothing of the node: only the
+kernel guard, on the guest's own kernels.
 """
 
 from __future__ import annotations
@@ -26,7 +32,12 @@ from pvegpu.facts.nvidia import (
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.operations.api_command import api_command
 from pvegpu.operations.files import write_file
-from pvegpu.operations.reboot import REBOOT, wait_after_reboot
+from pvegpu.operations.reboot import (
+    REBOOT,
+    refuse_kernel_without_module,
+    refuse_node_reboot,
+    wait_after_reboot,
+)
 from pvegpu.plan.driver import (
     DEVICES_SERVICE,
     KEYRING,
@@ -34,6 +45,7 @@ from pvegpu.plan.driver import (
     module_mismatch,
     verify_problems,
 )
+from pvegpu.plan.reboot import RebootGuard
 from pvegpu.run.host_state import state_of
 
 KEYRING_DOWNLOAD = "/tmp/pvegpu-cuda-keyring.deb"
@@ -72,13 +84,24 @@ def _read_module(target: Host, version_file: str) -> str:
     return "\n".join(output.stdout_lines) if ok else ""
 
 
+def refuse_driver_reboot(target: Host, driver: DriverSpec, guard: RebootGuard) -> None:
+    """While the role collects its operations on a Proxmox node: when `driver.allow_reboot` and the loaded
+    module is another one than the pinned (only a reboot replaces it), `refuse_node_reboot` with `guard`,
+    before any host is changed. Nothing loaded (a first install: the new module may just load) or the
+    pinned one loaded: nothing read, `driver_module` decides at execution."""
+    loaded = state_of(target).module
+    if driver.allow_reboot and loaded is not None and module_mismatch(driver, loaded) is not None:
+        refuse_node_reboot(target, guard)
+
+
 @operation()
 def driver_module(
-    *, driver: DriverSpec, installing: bool, container: bool = False
+    *, driver: DriverSpec, installing: bool, container: bool = False, guard: RebootGuard | None = None
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """The pinned module loaded: noop when it is (and nothing is being installed); otherwise, after the
     packages are installed, load it when no module is loaded, check again and reboot when allowed (then
-    wait and check), or fail saying why.
+    wait and check), or fail saying why. With `guard` (a Proxmox node), the reboot first passes
+    `refuse_node_reboot` (it fails the host in one line instead).
 
     `container`: the module is the host's; never reboot, fail naming both versions when it differs."""
     loaded = state_of(host).module
@@ -101,7 +124,7 @@ def driver_module(
         )
 
     if driver.allow_reboot:
-        yield from _reboot_when(mismatch, driver.reboot_timeout_s)
+        yield from _reboot_when(mismatch, driver, guard)
         return
 
     def check() -> None:
@@ -113,15 +136,22 @@ def driver_module(
 
 
 def _reboot_when(
-    mismatch: Callable[[Host], str | None], timeout_s: float
+    mismatch: Callable[[Host], str | None], driver: DriverSpec, guard: RebootGuard | None
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
-    """Reboot (only if `mismatch` still finds a reason at execution), then wait until it finds none."""
+    """Reboot (only if `mismatch` still finds a reason at execution, and the guards let it), then wait until
+    it finds none. A Proxmox node passes `guard` (`refuse_node_reboot`); a VM guest or a host that is no
+    Proxmox node boots its own distribution's kernel, which must have the module too (its kernel upgrades
+    as the node's do: `refuse_kernel_without_module`, Debian's headers and GRUB's default in the fix)."""
 
     def reboot_and_wait() -> None:
         if mismatch(host) is None:
             return
+        if guard is not None:
+            refuse_node_reboot(host, guard)
+        else:
+            refuse_kernel_without_module(host, driver.version, proxmox=False)
         host.run_shell_command(StringCommand(REBOOT), print_output=False)
-        wait_after_reboot(host, mismatch, timeout_s)
+        wait_after_reboot(host, mismatch, driver.reboot_timeout_s)
 
     yield api_command(reboot_and_wait)
 

@@ -41,16 +41,19 @@ from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from pvegpu.local.create_records import CreateLedger
+from pvegpu.local.create_records import CreateLedger, CreateRecordError
 from pvegpu.models.pve import GuestConfig, StorageVolume, TaskStatus
-from pvegpu.models.pve_root_only import ROOT_USER
+from pvegpu.models.pve_api import ROOT_PATH_WAY_OUT
+from pvegpu.models.pve_root_only import ROOT_USER, root_only_params
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.create_proof import (
     CreateRecord,
+    backup_jobs_of,
     carries_nonce,
     create_storages,
     create_volumes,
+    held_by,
     newest_task,
     ownership,
     utc,
@@ -69,14 +72,15 @@ from pvegpu.run.wait import WaitTimeoutError, wait_until
 class GuestKind:
     """What tells a VM from a container in the steps they share: the noun Proxmox and pvegpu name it with
     in messages (`VM 100`, `CT 200`), the word for it in sentences about who holds the GPUs, its API path
-    segment (`qemu`, `lxc`), the node's command for it (`qm`, `pct`), its create task's type (`qmcreate`,
-    `vzcreate`), and its API calls (PveClient methods, unbound). `unlock` and `destroy` are None for a
-    container: Proxmox's API cannot remove a container's lock (its config PUT has no `skiplock`), and pvegpu
-    does not destroy containers."""
+    segment (`qemu`, `lxc`), the type of its HA resource id (`vm`, `ct`: `vm:100`), the node's command for
+    it (`qm`, `pct`), its create task's type (`qmcreate`, `vzcreate`), and its API calls (PveClient
+    methods, unbound). `unlock` and `destroy` are None for a container: Proxmox's API cannot remove a
+    container's lock (its config PUT has no `skiplock`), and pvegpu does not destroy containers."""
 
     noun: str
     holder: str
     path: str
+    ha_type: str
     cli: str
     create_task: str
     config: Callable[[PveClient, str, int], GuestConfig]
@@ -98,6 +102,7 @@ VM = GuestKind(
     noun="VM",
     holder="VM",
     path="qemu",
+    ha_type="vm",
     cli="qm",
     create_task="qmcreate",
     config=PveClient.vm_config,
@@ -114,6 +119,7 @@ CT = GuestKind(
     noun="CT",
     holder="container",
     path="lxc",
+    ha_type="ct",
     cli="pct",
     create_task="vzcreate",
     config=PveClient.lxc_config,
@@ -325,12 +331,14 @@ def converge(
             )
     if lock is not None:
         raise OperationError(locked(guest, str(lock)))
-    if ledger is not None:  # whole: a record left by a create whose reading back failed proves nothing now
-        ledger.forget(guest.node, guest.kind.path, guest.vmid)
+    _forget(guest, ledger)  # whole: a record left by a create whose reading back failed proves nothing now
     change = diff(current.values)
     if not change.changed:
         host.noop(unchanged)
         return
+    refused = root_only_refusal(guest, change)
+    if refused is not None:
+        raise OperationError(refused)
     for key, value in sorted(change.set.items()):
         logger.info(f"{host.print_prefix}{guest.label} {key}: {current.values.get(key)} -> {value}")
     for key in change.delete:
@@ -341,6 +349,32 @@ def converge(
 Diff = Callable[[Mapping[str, object]], ConfigChange]
 
 
+def root_only_refusal(guest: Guest, change: ConfigChange) -> str | None:
+    """One line when `change` carries a key only root@pam may write and pvegpu acts as a token (no root path):
+    the inventory refuses the features that set such keys, but a key root wrote in an earlier run is still
+    deleted or rewritten by the PUT, which Proxmox would refuse half-way through the run. None otherwise."""
+    params: Params = {**change.set, "delete": ",".join(change.delete) or None}
+    keys = root_only_params("PUT", guest.config_endpoint, params)
+    who = guest.api.acts_as("PUT", guest.config_endpoint, params)
+    if not keys or who == ROOT_USER:
+        return None
+    deleted = [key for key in keys if key in change.delete]
+    written = [key for key in keys if key not in change.delete]
+    verbs = [
+        f"{verb} {', '.join(repr(key) for key in some)}"
+        for verb, some in (("set", written), ("delete", deleted))
+        if some
+    ]
+    way_out = ROOT_PATH_WAY_OUT
+    if deleted and not written:  # what root wrote earlier, root may remove by hand
+        removal = f"{guest.kind.cli} set {guest.vmid} --delete {','.join(deleted)}"
+        way_out = f"remove it as root on {guest.node} (`{removal}`), or {way_out}"
+    return (
+        f"{guest.label}: the API token {who} cannot {' or '.join(verbs)} (Proxmox allows it to root@pam "
+        f"only): {way_out}"
+    )
+
+
 def _dead_create(
     guest: Guest, current: GuestConfig, marks: Sequence[str], ledger: CreateLedger | None
 ) -> tuple[str, str, CreateRecord]:
@@ -349,7 +383,8 @@ def _dead_create(
     checked again before the unlock) and pvegpu's record of it; OperationError with today's report
     (`locked`, `_half_made`) when its create task still runs, is not the newest task, is not provably
     pvegpu's (pvegpu/plan/create_proof.py: the record, the whole task list, the nonce; the reason logged),
-    or pvegpu may not remove it."""
+    or pvegpu may not remove it; OperationError with `_refuse_held`'s line when HA or a replication job
+    holds it."""
     lock = current.values.get("lock")
     try:
         tasks: tuple[TaskStatus, ...] | PveError = guest.api.guest_tasks(guest.node, guest.vmid)
@@ -364,7 +399,10 @@ def _dead_create(
     ):
         raise OperationError(report)
     task = tasks[0]
-    record = None if ledger is None else ledger.read(guest.node, guest.kind.path, guest.vmid)
+    try:
+        record = None if ledger is None else ledger.read(guest.node, guest.kind.path, guest.vmid)
+    except CreateRecordError as error:
+        raise OperationError(f"{guest.label}: {error}") from None
     user = "" if ledger is None else ledger.api_user
     if record is None:
         proof = ownership(record, task.upid, guest.kind.create_task, guest.vmid, user)
@@ -393,6 +431,7 @@ def _dead_create(
     if refusal is not None or record is None:
         logger.info(f"{host.print_prefix}{guest.label}: the dead create {task.upid} is {refusal}")
         raise OperationError(report)
+    _refuse_held(guest)
     ended = f"which no longer runs (exit status: {task.exitstatus}; {proof.why})"
     if lock is not None:
         warning = (
@@ -439,12 +478,17 @@ def _remake(guest: Guest, dead: DeadCreate, timeout_s: float, create: Callable[[
 
     The destroy sends no `purge` and no `destroy-unreferenced-disks` (PveClient.destroy_vm): only volumes of
     the create's storages owned by `vmid` and created since the record's `sent` are freed; an older one is
-    left and named in one warning; Proxmox's refusal of a VM in HA or in a replication job is one line
-    naming the VM and what holds it, nothing of those entries edited."""
+    left and named in one warning. An HA resource or a replication job that holds the guest, which Proxmox
+    refuses a destroy without `purge` for, is read again before the unlock and refused in one line naming it
+    (`_refuse_held`), nothing unlocked or destroyed; Proxmox's own refusal, should one be added in between,
+    is one line alike (`_held_by`). Nothing of those entries is edited. The backup jobs that include `vmid`
+    are read before the unlock too and named in one warning once it is destroyed (`_backups_named`)."""
     unlock, destroy = guest.kind.unlock, guest.kind.destroy
     assert destroy is not None  # _dead_create refuses a kind without
     leftover = dead.leftover
     _still_judged(guest, leftover, dead.upid)
+    _refuse_held(guest)
+    backups = _backups_named(guest)
     found = create_volumes(
         _volumes(guest, dead.storages, "nothing unlocked or destroyed"), guest.vmid, dead.record
     )
@@ -470,8 +514,52 @@ def _remake(guest: Guest, dead: DeadCreate, timeout_s: float, create: Callable[[
         )
     if _read_back(guest, said, "destroyed") is not None:
         raise OperationError(f"{guest.label} not destroyed: {said}; not created again, run again")
+    if backups is not None:
+        logger.warning(f"{host.print_prefix}{backups}")
     _freed(guest, found.ours)
     create()
+
+
+def _refuse_held(guest: Guest) -> None:
+    """OperationError, one line naming the guest and what holds it, when it is an HA resource or a
+    replication job replicates it (plan/create_proof.py `held_by`), or when that cannot be read (the HA
+    resources need Sys.Audit on `/`): Proxmox refuses to destroy it without `purge`, which pvegpu never
+    sends, so nothing is unlocked or destroyed."""
+    untouched = "nothing unlocked or destroyed"
+    try:
+        sids, jobs = guest.api.ha_resources(), guest.api.replication_jobs()
+    except PveError as error:
+        raise OperationError(
+            f"{guest.label} on {guest.node} not destroyed: whether HA or a replication job holds it is "
+            f"unknown ({error.line}); {untouched}, run again"
+        ) from None
+    held = held_by(sids, jobs, f"{guest.kind.ha_type}:{guest.vmid}", guest.vmid)
+    if held is not None:
+        raise OperationError(
+            f"{guest.label} on {guest.node} not destroyed, {held}; pvegpu purges no HA or replication entry "
+            f"({untouched}): remove it from there, then run again"
+        )
+
+
+def _backups_named(guest: Guest) -> str | None:
+    """The warning naming the backup jobs that include the guest (plan/create_proof.py `backup_jobs_of`),
+    which its destroy leaves as they are (no `purge`), or saying they could not be read; None for none."""
+    try:
+        jobs = guest.api.backup_jobs()
+    except PveError as error:
+        return (
+            f"{guest.label}: the backup jobs that may include it not read ({error.line}); pvegpu edits none"
+        )
+    found = backup_jobs_of(jobs, guest.vmid, guest.node)
+    if not found:
+        return None
+    one = len(found) == 1
+    named = f"job {found[0]} still includes" if one else f"jobs {', '.join(found)} still include"
+    backs = "it backs" if one else "they back"
+    return (
+        f"{guest.label} destroyed, but backup {named} vmid {guest.vmid}: pvegpu edits no backup job (no "
+        f"purge), so {backs} up the {guest.kind.holder} created again"
+    )
 
 
 def _held_by(message: str) -> str | None:
@@ -666,8 +754,12 @@ def _record(guest: Guest, ledger: CreateLedger | None, record: CreateRecord) -> 
 
 
 def _forget(guest: Guest, ledger: CreateLedger | None) -> None:
-    if ledger is not None:
+    if ledger is None:
+        return
+    try:
         ledger.forget(guest.node, guest.kind.path, guest.vmid)
+    except CreateRecordError as error:
+        raise OperationError(f"{guest.label}: {error}") from None
 
 
 def _half_made(guest: Guest, marks: Sequence[str]) -> str:

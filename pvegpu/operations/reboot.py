@@ -1,11 +1,14 @@
 """`reboot_if_pending`: reboot only when the running kernel lacks the boot state pvegpu wrote, and only when
 the inventory allows it; then wait until the host is back with that state (verified), or fail.
 
-Not while what is not pvegpu's runs on the node (pvegpu/plan/reboot.py `foreign_refusal`), unless
-`pve_host.allow_reboot_with_foreign_guests`: `refuse_foreign_reboot` checks it while the role collects its
+Not while what is not pvegpu's runs on the node (pvegpu/plan/reboot.py `foreign_refusal`: a guest is
+pvegpu's only at the inventory's vmid and with pvegpu's mark), unless
+`pve_host.allow_reboot_with_foreign_guests`; on the host-driver profiles, not onto a kernel without the
+driver's module (plan/kernel_guard.py). `refuse_node_reboot` checks both while a role collects its
 operations, before any host is changed (pyinfra's `-y` runs operation bodies only when it executes), and
-the operation checks again right before it reboots. The guest list (`NodeGuestList`) is read only when a
-reboot is pending and allowed: a no-op run never reads it."""
+the operation checks the guests again right before it reboots. Every reboot of a node goes through these
+guards: pve_host's here, the NVIDIA driver role's (pvegpu/operations/nvidia.py) alike. The guest list
+(`NodeGuestList`) is read only when a reboot is pending and allowed: a no-op run never reads it."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.plan.kernel_guard import kernel_problems, module_built_anywhere
 from pvegpu.plan.reboot import (
     FOREIGN_SWITCH,
+    RebootGuard,
     foreign_refusal,
     foreign_running,
     foreign_summary,
@@ -56,9 +60,7 @@ def reboot_if_pending(
     timeout_s: float,
     sysfs_root: str = "/sys",
     cmdline_path: str = "/proc/cmdline",
-    node: str = "",
-    own_vmids: tuple[int, ...] = (),
-    allow_foreign: bool = False,
+    guard: RebootGuard | None = None,
 ) -> Generator[StringCommand | FunctionCommand, None, None]:
     """Compare the running command line and GPU bindings with `tokens` / `functions` (all on vfio-pci, or
     with `vfio` False: none on vfio-pci); `retired` tokens (pvegpu removed them from the next boot) must be
@@ -67,8 +69,8 @@ def reboot_if_pending(
 
     Nothing pending: noop. Pending and not allowed: noop with the exact pending message, nothing changed.
     Pending and allowed: reboot, then poll (reconnecting) until nothing is pending, for up to `timeout_s`;
-    the operation fails with what is still pending after that. `node` (the Proxmox node's name) given:
-    first the guard (`refuse_foreign_reboot`: `own_vmids` are pvegpu's guests, `allow_foreign` the switch).
+    the operation fails with what is still pending after that. With `guard` (a Proxmox node): first
+    `refuse_foreign_reboot`.
     """
     running = running_cmdline(host, cmdline_path)
     reasons = pending_reasons(running, tokens, hardware, functions, retired, vfio=vfio)
@@ -86,8 +88,8 @@ def reboot_if_pending(
         logger.warning(f"{host.print_prefix}{message}")
         host.noop(message)
         return
-    if node:
-        refuse_foreign_reboot(host, node, own_vmids, allow_foreign)
+    if guard is not None:
+        refuse_foreign_reboot(host, guard)
     logger.info(f"{host.print_prefix}{pending_message(reasons)}: rebooting")
     yield StringCommand(REBOOT)
 
@@ -109,19 +111,29 @@ def reboot_if_pending(
     yield api_command(wait_after_reboot, host, still_pending, timeout_s)
 
 
-def refuse_foreign_reboot(target: Host, node: str, own_vmids: tuple[int, ...], allow_foreign: bool) -> None:
-    """Before `target` (Proxmox node `node`) reboots: OperationError with `foreign_refusal`'s line while a
-    guest or HA resource that is not pvegpu's (`own_vmids`) would be stopped and `allow_foreign` is false;
-    with it, a warning naming them. Reads the node's guest list (one command)."""
-    listed = target.get_fact(NodeGuestList, node=node)
-    refusal = foreign_refusal(listed, node, own_vmids, allow_foreign)
+def refuse_node_reboot(target: Host, guard: RebootGuard) -> None:
+    """Before `target` (Proxmox node `guard.node`) reboots: `refuse_foreign_reboot`, then with
+    `guard.driver_version` (the node boots onto its own NVIDIA driver) `refuse_kernel_without_module`."""
+    refuse_foreign_reboot(target, guard)
+    if guard.driver_version is not None:
+        refuse_kernel_without_module(target, guard.driver_version, proxmox=True)
+
+
+def refuse_foreign_reboot(target: Host, guard: RebootGuard) -> None:
+    """Before `target` (Proxmox node `guard.node`) reboots: OperationError with `foreign_refusal`'s line
+    while a guest or HA resource that is not pvegpu's (`guard.ours`) would be stopped and
+    `guard.allow_foreign` is false; with it, a warning naming them. Reads the node's guest list and the
+    configs of the inventory's guests (one command)."""
+    node, ours = guard.node, guard.ours
+    listed = target.get_fact(NodeGuestList, node=node, own=ours.guests)
+    refusal = foreign_refusal(listed, node, ours, guard.allow_foreign)
     if refusal is not None:
         raise OperationError(refusal)
-    guests, services = foreign_running(listed, node, own_vmids)
+    guests, services = foreign_running(listed, node, ours)
     if guests or services:
         logger.warning(
             f"{target.print_prefix}rebooting {node} stops what is not pvegpu's ({FOREIGN_SWITCH}): "
-            f"{foreign_summary(guests, services)}"
+            f"{foreign_summary(guests, services, ours)}"
         )
 
 

@@ -21,6 +21,11 @@ create's disk keys named (`<storage>:<size>`, `<storage>:cloudinit`), created no
 `sent` less `CLOCK_SKEW_S` (the volume's `ctime` is the node's clock, `sent` this machine's; Proxmox
 allocates a create's disks only after the POST arrived). An older volume of `vmid`, or one without a
 `ctime`, is not provably the create's: it is left and named.
+
+What holds the leftover (`held_by`): Proxmox refuses to destroy a VM without `purge` while it is an HA
+resource or a replication job replicates it (qemu-server API2/Qemu.pm destroy_vm), and pvegpu never purges,
+so either refuses the destroy before anything is unlocked. A backup job that includes the vmid
+(`backup_jobs_of`) does not refuse it: it is named, not edited.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from pvegpu.models.pve import StorageVolume, TaskStatus
+from pvegpu.models.pve import BackupJob, ReplicationJob, StorageVolume, TaskStatus
 
 CLOCK_SKEW_S = 60
 _DRIVE_KEY = re.compile(r"(?:ide|sata|scsi|virtio|efidisk|tpmstate)\d+")
@@ -175,6 +180,41 @@ def create_volumes(volumes: Sequence[StorageVolume], vmid: int, record: CreateRe
         made_by_it = volume.ctime is not None and volume.ctime >= record.sent - CLOCK_SKEW_S
         (ours if made_by_it else older).append(volume.volid)
     return CreateVolumes(tuple(ours), tuple(older))
+
+
+def held_by(ha_sids: Sequence[str], jobs: Sequence[ReplicationJob], sid: str, vmid: int) -> str | None:
+    """What holds guest `vmid` (HA sid `sid`: `vm:100`, `ct:101`) so that Proxmox refuses its destroy
+    without `purge`, as a phrase (`it is HA resource vm:100 and replication job 100-0 replicates it`);
+    None when nothing does. `ha_sids`: `GET /cluster/ha/resources`; `jobs`: `GET /cluster/replication`
+    (pve-guest-common ReplicationConfig.pm check_for_existing_jobs: any job of the guest)."""
+    held = [f"it is HA resource {sid}"] if sid in ha_sids else []
+    ids = sorted(job.id for job in jobs if job.guest == vmid)
+    if len(ids) == 1:
+        held.append(f"replication job {ids[0]} replicates it")
+    elif ids:
+        held.append(f"replication jobs {', '.join(ids)} replicate it")
+    return " and ".join(held) or None
+
+
+def backup_jobs_of(jobs: Sequence[BackupJob], vmid: int, node: str) -> tuple[str, ...]:
+    """The backup jobs that include guest `vmid` on `node` (PVE::VZDump get_included_guests: a job's `pool`,
+    else its `vmid` list, else `all` but `exclude`; a job limited to another node leaves it out), each as
+    `<id> (<how>)` in `jobs`' order: `vmid list`, `all guests`, or `pool <pool>, if the pool holds it` (a
+    pool's members are not read: reading them needs Pool.Audit), `, disabled` added for a job that does not
+    run."""
+    found = []
+    for job in jobs:
+        if job.node is not None and job.node != node:
+            continue
+        if job.pool is not None:
+            how = f"pool {job.pool}, if the pool holds it"
+        elif job.vmids:
+            how = "vmid list" if vmid in job.vmids else ""
+        else:
+            how = "all guests" if job.all and vmid not in job.exclude else ""
+        if how:
+            found.append(f"{job.id} ({how}{'' if job.enabled else ', disabled'})")
+    return tuple(found)
 
 
 def _unanswered(task: re.Match[str], sent: int, api_user: str) -> Ownership:

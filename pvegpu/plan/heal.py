@@ -1,6 +1,6 @@
 """After a BIOS change: which of a node's GPU mappings pvegpu may repair, and which it must refuse. Pure.
 
-`plan_heal(node, sections, hardware, prefix)` compares this node's `map` line of each managed mapping
+`plan_heal(node, sections, hardware, prefix, owner)` compares this node's `map` line of each managed mapping
 (`<prefix><N>`, one line per node, as `plan/mapping.py` writes them) with the node's live GPUs and decides
 per GPU:
 
@@ -24,11 +24,15 @@ index, and each line's card is the one now at its index. Contradictions refuse:
 - another device number of the card's slot, the one part of the path below its port a line records.
 A card moved to another slot while keeping its place in the order is invisible to this check.
 
+Only pvegpu's own mappings are repaired. With `owner` (the node's hook always gives it; `pvegpu mapping
+--against` with `--owner`), a drifted line of a mapping whose description lacks `pvegpu-owner: <owner>`
+(plan/ownership.py) is refused, naming the mapping and `mapping.adopt` (`HealPlan.unowned`).
+
 When any GPU of the node is refused, nothing of this node is repaired (the VM cannot start anyway, and
-the operator checks the hardware first): its drifted lines are refused too, naming the repair they would
-get. The live GPUs are every display function of the vendors the lines name, whatever the model, so a card
-swapped for another model is seen in its position. Map lines of other nodes, and sections outside the
-scheme, are returned byte for byte.
+the operator checks the hardware, or adopts the mapping, first): its drifted lines are refused too, naming
+the repair they would get. The live GPUs are every display function of the vendors the lines name,
+whatever the model, so a card swapped for another model is seen in its position. Map lines of other
+nodes, and sections outside the scheme, are returned byte for byte.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from enum import StrEnum
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.pve import MapEntry, MapEntryError, PciMapping, parse_map_entry
 from pvegpu.plan.mapping import DEFAULT_PREFIX, managed_index
+from pvegpu.plan.ownership import MAPPING_SWITCH, Mark, mapping_mark
 from pvegpu.plan.topology import GpuCard, Selected, Verdict, describe, display_ids, plan_topology
 
 
@@ -101,12 +106,20 @@ class GpuHeal:
 class HealPlan:
     """The decisions for one node: one per managed mapping (by index), the node's GPUs no mapping names
     (`added`, one sentence each), and `sections`: the sections given, with this node's repaired lines
-    replaced in place (every other line, and every section outside the scheme, as given)."""
+    replaced in place (every other line, and every section outside the scheme, as given). `unowned`: the
+    mappings whose renumbering is refused only because they lack pvegpu's mark (module docstring)."""
 
     node: str
     gpus: tuple[GpuHeal, ...]
     added: tuple[str, ...]
     sections: tuple[PciMapping, ...]
+    unowned: tuple[str, ...] = ()
+
+    @property
+    def hardware_changed(self) -> bool:
+        """True when a GPU is refused for what the hardware is, or added; False when nothing is refused, or
+        only for a missing mark (checked only when the hardware allows every repair)."""
+        return not self.ok and not self.unowned
 
     @property
     def ok(self) -> bool:
@@ -153,10 +166,15 @@ class _Line:
 
 
 def plan_heal(
-    node: str, sections: Sequence[PciMapping], hw: HostHardware, prefix: str = DEFAULT_PREFIX
+    node: str,
+    sections: Sequence[PciMapping],
+    hw: HostHardware,
+    prefix: str = DEFAULT_PREFIX,
+    owner: str | None = None,
 ) -> HealPlan:
     """Decide per managed mapping of `sections` whether `node`'s line is unchanged, repaired or refused
-    on the node's live hardware `hw` (see the module docstring)."""
+    on the node's live hardware `hw` (see the module docstring); with `owner`, a repair only of a mapping
+    marked `pvegpu-owner: <owner>`."""
     managed = sorted(
         ((index, s) for s in sections if (index := managed_index(prefix, s.id)) is not None),
         key=lambda pair: pair[0],
@@ -178,9 +196,20 @@ def plan_heal(
         decided.update(_by_address(node, lines, cards, hw, found))
         added = _added(lines, cards, found) if len(cards) > len(managed) else ()
     if added or any(gpu.status is Status.REFUSED for gpu in decided.values()):
-        decided = {name: _held(gpu) for name, gpu in decided.items()}
+        decided = {name: _held(gpu, f"another GPU of {node} changed") for name, gpu in decided.items()}
+    unowned: list[str] = []
+    if owner is not None:
+        for _, section in managed:
+            gpu, mark = decided[section.id], mapping_mark(section.description, owner)
+            if gpu.status is Status.REPAIRED and not mark.ours:
+                decided[section.id] = _unowned(gpu, mark)
+                unowned.append(section.id)
+    if unowned:
+        why = f"{', '.join(unowned)} of {node} {'is' if len(unowned) == 1 else 'are'} not pvegpu's"
+        decided = {name: _held(gpu, why) for name, gpu in decided.items()}
     gpus = tuple(decided[section.id] for _, section in managed)
-    return HealPlan(node, gpus, added, tuple(_repaired_section(s, decided.get(s.id)) for s in sections))
+    repaired = tuple(_repaired_section(s, decided.get(s.id)) for s in sections)
+    return HealPlan(node, gpus, added, repaired, tuple(unowned))
 
 
 def _node_line(node: str, index: int, section: PciMapping) -> _Line | GpuHeal:
@@ -304,12 +333,22 @@ def _added(lines: list[_Line], cards: tuple[GpuCard, ...], found: str) -> tuple[
     )
 
 
-def _held(gpu: GpuHeal) -> GpuHeal:
-    """A repair withheld because another GPU of the node changed."""
+def _held(gpu: GpuHeal, why: str) -> GpuHeal:
+    """A repair withheld because of another GPU of the node (`why`: what of it)."""
     if gpu.status is not Status.REPAIRED or gpu.current is None or gpu.repaired is None:
         return gpu
+    reason = f"{renumbering(gpu.current, gpu.repaired)} is a renumbering, but {why}"
+    return replace(gpu, status=Status.REFUSED, reason=reason)
+
+
+def _unowned(gpu: GpuHeal, mark: Mark) -> GpuHeal:
+    """A repair refused because the mapping lacks pvegpu's mark (`mark.found`: what it carries)."""
+    # A REPAIRED decision holds both.
+    assert gpu.current is not None
+    assert gpu.repaired is not None
     reason = (
-        f"{renumbering(gpu.current, gpu.repaired)} is a renumbering, but another GPU of {gpu.node} changed"
+        f"{renumbering(gpu.current, gpu.repaired)} is a renumbering, but mapping {gpu.mapping} is not "
+        f"pvegpu's ({mark.found}; {MAPPING_SWITCH}: true adopts it)"
     )
     return replace(gpu, status=Status.REFUSED, reason=reason)
 

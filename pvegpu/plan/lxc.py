@@ -11,6 +11,8 @@ GPU, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`, and the `n
 
 Formats: shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3. Every raw line is checked before it is
 written (`raw_line_problem`): a key as pve-container parses one, a value of printable characters.
+
+`plan_container` gathers it for the container role (pvegpu/run/container.py reads what it is planned from).
 """
 
 from __future__ import annotations
@@ -87,6 +89,46 @@ def plan_lxc_devices(
     if caps:
         raw.append(("lxc.mount.entry", f"{CAPS_DIR} {CAPS_DIR.lstrip('/')} none bind,optional,create=dir"))
     return LxcDevices(dev={}, raw=tuple(raw))
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """The `lxc` profile's container as pvegpu wants it: the keys it converges (`config`) and gives only on
+    create (`create`), its raw `lxc.*` lines (`raw`), and the version of the host's loaded NVIDIA module
+    (`host_module`, None: none loaded) its userspace driver must equal. `waiting`: why its devices cannot be
+    planned yet (then nothing else is planned)."""
+
+    spec: LxcSpec
+    config: Mapping[str, str]
+    create: Mapping[str, str]
+    raw: tuple[tuple[str, str], ...]
+    host_module: str | None
+    waiting: str | None = None
+
+
+def plan_container(
+    spec: LxcSpec,
+    gpus: int,
+    pve_version: tuple[int, int],
+    caps: Sequence[str],
+    majors: Mapping[str, int],
+    *,
+    host_module: str | None,
+) -> ContainerPlan:
+    """The plan of container `spec` with `gpus` GPUs on Proxmox `pve_version`, from the host's device nodes
+    (`caps`, `majors`: `plan_lxc_devices`) and loaded module `host_module`. PlanError when the devices cannot
+    be planned while the module is loaded, or for a raw line `raw_line_problem` refuses; without the module
+    that is `waiting`: before 8.1 the raw lines need the uvm major, known once the driver this run installs
+    loads."""
+    try:
+        devices = plan_lxc_devices(gpus, pve_version, caps, majors, spec.video_gid)
+    except PlanError as error:
+        if host_module is not None:
+            raise
+        waiting = f"container not converged yet: {error}; run again"
+        return ContainerPlan(spec, {}, {}, (), host_module, waiting)
+    config, create = container_config(spec, devices), create_keys(spec)
+    return ContainerPlan(spec, config, create, raw_lines(spec, devices), host_module)
 
 
 def version_drift(host_module: str | None, container_userspace: str | None) -> str | None:

@@ -2,8 +2,9 @@
 
 Everything the roles need to decide, derived once from the host's validated specs, its inventory groups and
 what was observed (the PCI hardware; on a Proxmox node also the CPU vendor and kernel release): the GPU
-topology, the profile's GPU functions, the PCI mapping ids, the vfio, MMIO and VM NUMA plans, and the
-profile's steps (what to park, what waits and why). Roles read the plan (`pvegpu.run.plan.plan_of(host)`)
+topology, the profile's GPU functions, the PCI mapping ids, the vfio, MMIO and VM NUMA plans, the VM's plan
+(plan/vm.py `VmPlan`: its config, create keys, GPUDirect cliques, storages) and the profile's steps (what to
+park, what waits and why). Roles read the plan (`pvegpu.run.plan.plan_of(host)`)
 and never derive any of it again. What cannot be planned is kept as `problem` (a `path: message` sentence
 naming the inventory field) and raised by the first role that needs the missing part, before any host is
 changed.
@@ -17,6 +18,7 @@ from pvegpu.models.boot import CpuKernel
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.specs import HostSpecs
+from pvegpu.plan.cmdline import retired_tokens
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.mapping import DEFAULT_PREFIX, mapping_id
 from pvegpu.plan.mmio import MmioWindow, passed_functions, plan_mmio
@@ -33,22 +35,27 @@ from pvegpu.plan.profile import (
 )
 from pvegpu.plan.topology import Topology, plan_topology
 from pvegpu.plan.vfio import VfioPlan, plan_vfio
+from pvegpu.plan.vm import VmPlan, passable_problem, plan_vm
 
 
 @dataclass(frozen=True)
 class NodeObserved:
     """What a plan is computed from: the PCI hardware; on a Proxmox node the CPU vendor (None: not x86)
-    and the running kernel's (major, minor)."""
+    and the running kernel's (major, minor), and the kernel command line tokens pvegpu's boot files say it
+    owns (`owned_tokens`, of the bootloader in use)."""
 
     hardware: HostHardware
     cpu_kernel: CpuKernel | None = None
+    owned_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class NodePlan:
     """One host's plan (module docstring). On a host outside `pve_nodes`, `host`, `vfio` and `steps` are
-    None and `functions` is empty. `numa` is the VM's NUMA layout (None without `vm` data, or when it
-    cannot be planned: `numa_problem` says why, and the VM role raises it)."""
+    None and `functions` and `retired` are empty. `retired`: the command line tokens pvegpu owned and the
+    profile no longer wants (a running kernel that has them still needs a reboot). `numa` is the VM's NUMA
+    layout (None without `vm` data, or when it cannot be planned: `numa_problem` says why, and the VM role
+    raises it). `vm`: a Proxmox node's VM (None elsewhere, or without `vm` data)."""
 
     name: str
     specs: HostSpecs
@@ -60,10 +67,12 @@ class NodePlan:
     mapping_ids: tuple[str, ...]
     functions: tuple[str, ...]
     host: HostProfile | None
+    retired: tuple[str, ...]
     vfio: VfioPlan | None
     mmio: MmioWindow | None
     numa: NumaPlan | None
     numa_problem: str | None
+    vm: VmPlan | None
     steps: NodeSteps | None
     serving: ServingSteps | None
     problem: str | None
@@ -83,10 +92,7 @@ class NodePlan:
 
     def passable_problem(self) -> str | None:
         """Why the GPUs cannot be passed to a VM (every refused card and topology problem), or None."""
-        if self.topology.ok:
-            return None
-        gpus = self.topology.gpus
-        return "; ".join([*self.topology.problems, *(f"{g.name}: {g.reason}" for g in gpus if g.reason)])
+        return passable_problem(self.topology)
 
 
 def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: NodeObserved) -> NodePlan:
@@ -111,6 +117,21 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
         except PlanError as error:
             problem = str(error)
     numa, numa_problem = _numa(specs, hardware, topology)
+    mmio = _mmio(specs, hardware, topology, observed.cpu_kernel)
+    mapping_ids = tuple(mapping_id(prefix, index) for index in range(len(topology.gpus)))
+    vm = None
+    if PVE_NODES in groups and specs.vm is not None:
+        vm = plan_vm(
+            specs.vm,
+            hardware,
+            topology,
+            mapping_ids=mapping_ids,
+            window=mmio,
+            numa=numa,
+            numa_problem=numa_problem,
+            cpu_vendor=None if observed.cpu_kernel is None else observed.cpu_kernel.vendor,
+            root_user=specs.pve.root_user,
+        )
     waiting = held_by_vfio(node.profile, hardware, functions, specs.host.allow_reboot) if functions else None
     return NodePlan(
         name=name,
@@ -120,13 +141,15 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
         cpu_kernel=observed.cpu_kernel,
         topology=topology,
         mapping_prefix=prefix,
-        mapping_ids=tuple(mapping_id(prefix, index) for index in range(len(topology.gpus))),
+        mapping_ids=mapping_ids,
         functions=functions,
         host=host,
+        retired=() if host is None else retired_tokens(observed.owned_tokens, host.tokens),
         vfio=vfio,
-        mmio=_mmio(specs, hardware, topology, observed.cpu_kernel),
+        mmio=mmio,
         numa=numa,
         numa_problem=numa_problem,
+        vm=vm,
         steps=node_steps(node.profile, has_container=specs.lxc is not None, waiting=waiting)
         if PVE_NODES in groups
         else None,

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 TAG = "pvegpu"
 OWNER_PREFIX = "pvegpu-owner: "
+MAPPING_SWITCH = "mapping.adopt"  # the switch that adopts a `<prefix>N` mapping without the mark
 _SPLIT = re.compile(r"[;,\s]+")
 _OWNER = re.compile(rf"{OWNER_PREFIX}([A-Za-z0-9][A-Za-z0-9_-]*)")
 

@@ -21,6 +21,10 @@ with `off`, and with `probe` (`keep_clique`) left to the P2P operation (pvegpu/o
 value replaces the VM's, and when the VM's had `hidden=1` beside a clique, `VmChange.notes` says so.
 pvegpu owns every `numaN` (a key it no longer plans is deleted: Proxmox refuses nodes whose memory does not
 add up).
+
+`plan_vm` gathers all of it for a node's VM, once with the node's plan (plan/node.py `NodePlan.vm`): the keys,
+the clique parts, the storages its files use, the functions not bound to vfio-pci yet, and why the VM cannot
+be made (`VmPlan.problem`), which the VM role raises before any host is changed.
 """
 
 from __future__ import annotations
@@ -30,13 +34,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pvegpu.models.hardware import HostHardware
-from pvegpu.models.vm import VmSpec
+from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.plan.cloud_init import image_volid, snippet_volid
 from pvegpu.plan.convert import CONVERSION_KEYS, needs_conversion
 from pvegpu.plan.hostpci import HOSTPCI_KEY, desired_hostpci, diff_hostpci
-from pvegpu.plan.mmio import MmioWindow
+from pvegpu.plan.mmio import MmioWindow, mmio_refusal
 from pvegpu.plan.numa import NumaPlan
-from pvegpu.plan.p2p import CLIQUE_PART, own_clique
+from pvegpu.plan.p2p import CLIQUE_PART, clique_args, own_clique, plan_cliques
 from pvegpu.plan.topology import Topology
 
 VFIO = "vfio-pci"
@@ -46,6 +50,80 @@ DISPLAY = 0x03
 _MMIO_ARG = re.compile(r"\s*-fw_cfg\s+name=opt/ovmf/X-PciMmio64Mb,string=\S+")
 NUMA_NODE_KEY = re.compile(r"numa[0-9]+")
 _TRUE = ("1", "on", "yes", "true")  # Proxmox's true booleans
+
+
+@dataclass(frozen=True)
+class VmPlan:
+    """A node's VM as pvegpu wants it (module docstring): `config` and `create` (`vm_config`, `create_keys`),
+    its GPUDirect clique parts (`clique`, plan/p2p.py: set in `args` with `vm.p2p: on`, by the P2P operation
+    with `probe`), the storages its files and image use with the content types each must offer (`storages`),
+    the functions of its GPUs not bound to vfio-pci when the node was read (`unbound`), and `problem`: why it
+    cannot be made (None: it can)."""
+
+    spec: VmSpec
+    config: Mapping[str, str]
+    create: Mapping[str, str]
+    clique: str
+    storages: Mapping[str, Sequence[str]]
+    unbound: tuple[str, ...]
+    problem: str | None
+
+
+def plan_vm(
+    spec: VmSpec,
+    hardware: HostHardware,
+    topology: Topology,
+    *,
+    mapping_ids: Sequence[str],
+    window: MmioWindow | None,
+    numa: NumaPlan | None,
+    numa_problem: str | None,
+    cpu_vendor: str | None,
+    root_user: str | None,
+) -> VmPlan:
+    """The plan of VM `spec` on a node with `hardware`, `topology` and CPU vendor `cpu_vendor` (the node's
+    plan gives `mapping_ids`, the MMIO `window`, the `numa` layout or `numa_problem`); `root_user`: who writes
+    root-only keys (`PveApiSpec.root_user`). Never raises: what cannot be made is `problem`, in this order: a
+    GPU that cannot be passed, the NUMA layout, an MMIO strategy the credentials cannot set, a window that
+    cannot hold the BARs."""
+    clique = clique_args(plan_cliques(topology, cpu_vendor))
+    passable = passable_problem(topology)
+    refusal = mmio_refusal(spec.mmio, root_user)
+    problems = (
+        None if passable is None else f"the GPUs cannot be passed: {passable}",
+        numa_problem,
+        refusal,
+        None if window is None or window.problem is None else f"vm.mmio: {window.problem}",
+    )
+    return VmPlan(
+        spec=spec,
+        config=vm_config(spec, mapping_ids, window, numa, clique),
+        create=create_keys(spec),
+        clique=clique,
+        storages=storages_used(spec),
+        unbound=unbound_functions(hardware, topology),
+        problem=next((problem for problem in problems if problem is not None), None),
+    )
+
+
+def passable_problem(topology: Topology) -> str | None:
+    """Why the GPUs cannot be passed to a VM (every refused card and topology problem), or None."""
+    if topology.ok:
+        return None
+    gpus = topology.gpus
+    return "; ".join([*topology.problems, *(f"{g.name}: {g.reason}" for g in gpus if g.reason)])
+
+
+def storages_used(spec: VmSpec) -> dict[str, list[str]]:
+    """The storages the VM's files and image use, each with the content types they need of it: `snippets`
+    for the cloud-init user-data and the pre-start hookscript, `import` for a cloud image the node
+    downloads."""
+    wanted: dict[str, list[str]] = {}
+    if spec.image is not None or spec.self_heal != "off":
+        wanted[spec.snippets_storage] = ["snippets"]
+    if isinstance(spec.image, ImageUrl):
+        wanted.setdefault(spec.image.storage, []).insert(0, "import")
+    return wanted
 
 
 def vm_config(

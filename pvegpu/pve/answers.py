@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from pvegpu.models.pve import GuestConfig, MappingCheck, MappingState, PciMapping, Severity, VmStatus
+import re
+
+from pvegpu.models.pve import (
+    BackupJob,
+    GuestConfig,
+    MappingCheck,
+    MappingState,
+    PciMapping,
+    ReplicationJob,
+    Severity,
+    VmStatus,
+)
 from pvegpu.pve.errors import PveResponseError
 from pvegpu.pve.transport import Value
 
@@ -64,6 +75,45 @@ def vm_status(data: object) -> VmStatus:
         qmpstatus=None if qmp is None else str(qmp),
         name=None if name is None else str(name),
     )
+
+
+def replication_job(item: object) -> ReplicationJob:
+    """An entry of `GET /cluster/replication`: its `id` and integer `guest` (ReplicationConfig.pm
+    parse_config)."""
+    values = answer_dict(item)
+    return ReplicationJob(id=text_of(values, "id"), guest=_vmid(values["guest"], "guest"))
+
+
+def backup_job(item: object) -> BackupJob:
+    """An entry of `GET /cluster/backup`: `vmid` and `exclude` are `pve-vmid-list`s (PVE::Tools split_list:
+    split at NUL, white space, `,` and `;`), `all` and `enabled` booleans (`enabled` 1 when absent)."""
+    values = answer_dict(item)
+    pool, node = values.get("pool"), values.get("node")
+    return BackupJob(
+        id=text_of(values, "id"),
+        vmids=_vmid_list(values.get("vmid"), "vmid"),
+        all=answer_flag(values.get("all")) is True,
+        exclude=_vmid_list(values.get("exclude"), "exclude"),
+        pool=None if pool is None else str(pool),
+        node=None if node is None else str(node),
+        enabled=answer_flag(values.get("enabled")) is not False,
+    )
+
+
+def _vmid(value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
+        raise ShapeError(f"an integer {key!r}")
+    return int(value)
+
+
+def _vmid_list(value: object, key: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if not isinstance(value, str):
+        raise ShapeError(f"a vmid list {key!r}")
+    return tuple(_vmid(part, key) for part in re.split(r"[\0\s,;]+", value) if part)
 
 
 def answer_flag(value: object) -> bool | None:

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pvegpu.models.pve import (
+    BackupJob,
     GuestConfig,
     GuestInterface,
     MappingState,
     PciMapping,
+    ReplicationJob,
     StorageConfig,
     StorageVolume,
     TaskStatus,
@@ -22,9 +24,11 @@ from pvegpu.pve.answers import (
     ShapeError,
     answer_dict,
     answer_list,
+    backup_job,
     guest_config,
     mapping_params,
     mapping_state,
+    replication_job,
     response_error,
     text_of,
     vm_status,
@@ -139,6 +143,32 @@ class PveClient:
     def delete_mapping(self, mapping_id: str) -> None:
         """`DELETE /cluster/mapping/pci/{id}` (a missing id is not an error)."""
         self._write("DELETE", f"/cluster/mapping/pci/{mapping_id}", {})
+
+    # -- what holds a guest: HA, replication, backup jobs
+    def ha_resources(self) -> tuple[str, ...]:
+        """`GET /cluster/ha/resources`: the sid of every configured HA resource (`vm:100`, `ct:101`),
+        whatever its requested state (pve-ha-manager API2/HA/Resources.pm `index`; Sys.Audit on `/`)."""
+        return self._read(
+            "/cluster/ha/resources",
+            {},
+            lambda data: tuple(text_of(item, "sid") for item in answer_list(data)),
+        )
+
+    def replication_jobs(self) -> tuple[ReplicationJob, ...]:
+        """`GET /cluster/replication`: the storage replication jobs of the guests the identity holds
+        VM.Audit on (pve-manager API2/ReplicationConfig.pm `index`)."""
+        return self._read(
+            "/cluster/replication",
+            {},
+            lambda data: tuple(replication_job(item) for item in answer_list(data)),
+        )
+
+    def backup_jobs(self) -> tuple[BackupJob, ...]:
+        """`GET /cluster/backup`: the vzdump backup jobs, in Proxmox's order (pve-manager API2/Backup.pm
+        `index`; Sys.Audit on `/`)."""
+        return self._read(
+            "/cluster/backup", {}, lambda data: tuple(backup_job(item) for item in answer_list(data))
+        )
 
     # -- qemu
     def create_vm(self, node: str, vmid: int, config: Params) -> str:

@@ -2,7 +2,7 @@
 run in one command: the PCI hardware and CPU/kernel the node's plan is computed from, and everything its
 operations decide from (boot files, bootloader, running command line, the host-driver profiles' leftovers, the
 sha256 of pvegpu's hook and snippet files; with `vm` data, the Proxmox files and the VM's QEMU process whose
-API answers pvegpu/facts/pve_files.py computes: roles/vm_reads.py).
+API answers pvegpu/facts/pve_files.py computes: pvegpu/run/read_ahead.py).
 
 The plan and the roles read it while pyinfra prepares the run. An operation decides from it while no
 operation on the node has run a command since it was read (`unchanged_node_state`): so a no-op run reads the

@@ -6,6 +6,9 @@ read (pvegpu/run/node_state.py), which its operations then share; on a serving h
 hardware
 and state together when its roles asked for that first (`provide_hardware`). pyinfra calls the roles while it
 prepares a run; every role of the run then reads the same plan.
+
+The hosts a plan relates to: a VM guest's node (`node_host_of`), a node's cluster peers and which of them
+syncs the cluster's PCI mappings (`cluster_hosts`, `syncs_mappings`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from pyinfra.api.state import State
 
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.inventory.guests import GUEST_OF_KEY
+from pvegpu.models.boot import BootLoaderKind
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.specs import host_specs
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
+from pvegpu.plan.vm import unbound_functions
+from pvegpu.pve.host_client import api_spec
 from pvegpu.run.node_state import node_state_of
 
 _PLANS: WeakKeyDictionary[State, dict[str, NodePlan]] = WeakKeyDictionary()
@@ -41,7 +47,9 @@ def plan_of(target: Host) -> NodePlan:
         groups = frozenset(target.groups)
         if PVE_NODES in groups:
             node = node_state_of(target)
-            observed = NodeObserved(hardware=node.hardware, cpu_kernel=node.cpu_kernel)
+            files = node.boot_files
+            owned = files.grub_tokens if node.boot.kind is BootLoaderKind.GRUB else files.owned_tokens
+            observed = NodeObserved(hardware=node.hardware, cpu_kernel=node.cpu_kernel, owned_tokens=owned)
         else:
             hardware = _HARDWARE.get(target.state, {}).get(target.name)
             if hardware is None:
@@ -62,11 +70,38 @@ def provide_hardware(target: Host, hardware: HostHardware) -> None:
     _HARDWARE.setdefault(target.state, {})[target.name] = hardware
 
 
+def unbound_now(target: Host) -> tuple[str, ...]:
+    """The functions of node `target`'s GPUs not bound to vfio-pci now, from its PCI hardware read again (the
+    plan's read is from before this run's changes: deploy/site.py may reboot the host into vfio binding)."""
+    plan = plan_of(target)
+    hardware = target.get_fact(PciHardware, sysfs_root=plan.specs.node.sysfs_root)
+    return unbound_functions(hardware, plan.topology)
+
+
 def node_host_of(guest: Host) -> Host | None:
     """The Proxmox node of VM guest `guest` in this run's inventory (its `guest_of`); None for a host that is
     no guest, or whose node is not in the inventory (a guest listed by hand, an inventory of guests only)."""
     name = guest.data.get(GUEST_OF_KEY)
     return guest.state.inventory.get_host(str(name), None) if name else None
+
+
+def cluster_hosts(target: Host) -> list[Host]:
+    """The inventory hosts in `target`'s cluster, sorted by name (`target` alone when it has none)."""
+    # From the data alone: a plan reads its host's hardware, which this does not need.
+    cluster = api_spec(target.data).cluster
+    if cluster is None:
+        return [target]
+    peers = [
+        other
+        for other in target.state.inventory
+        if PVE_NODES in other.groups and api_spec(other.data).cluster == cluster
+    ]
+    return sorted(peers, key=lambda other: other.name)
+
+
+def syncs_mappings(target: Host) -> bool:
+    """Whether `target` is the node that syncs its cluster's mappings: the first by inventory name."""
+    return cluster_hosts(target)[0] is target
 
 
 @contextmanager

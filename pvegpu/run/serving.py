@@ -1,45 +1,40 @@
-"""`serving_nccl(host)`: a serving host's NCCL plan as its SGLang service gets it, shared by the sglang role
-(which writes it) and the doctor (which names it and checks NCCL's log against it).
+"""A serving host's plans for its SGLang service, once per host and run, from its plan and state read.
 
-The plan (pvegpu/plan/nccl.py) follows the host's profile; on a VM guest also its NCCL topology file (planned
-from its node's plan and its own PCI tree, pvegpu/plan/nccl_topo.py) and whether P2P is proven: its node's
-`vm.p2p` and the probe's record in the guest's state read (pvegpu/plan/p2p.py `guest_uses_p2p`).
+`serving_nccl(host)`: the NCCL plan as its SGLang service gets it (pvegpu/plan/serving.py `ServingNccl`),
+shared by the sglang role (which writes it) and the doctor (which names it and checks NCCL's log against
+it). The plan (pvegpu/plan/nccl.py) follows the host's profile; on a VM guest also its NCCL topology file
+(planned from its node's plan and its own PCI tree, pvegpu/plan/nccl_topo.py) and whether P2P is proven: its
+node's `vm.p2p` and the probe's record in the guest's state read (pvegpu/plan/p2p.py `guest_uses_p2p`).
+
+`serving_plan_of(host)`: the whole service's plan (pvegpu/plan/serving.py `ServingPlan`: NCCL, recipe, argv,
+what the unit and env file are rendered from), which the sglang role reads. It is not part of `plan_of`:
+the host's state read, which it needs (checkpoint, key files, NCCL conf files), is itself requested from
+`plan_of` (pvegpu/run/host_state.py `state_request`).
+
+`settings_in_force(host)`: the benchmark's label, the VM speed settings the serving host runs with now.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 from pyinfra import logger
 from pyinfra.api.host import Host
+from pyinfra.api.state import State
 
+from pvegpu.facts.nccl import topology_file_read
+from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
 from pvegpu.inventory.guests import GUEST_OF_KEY
-from pvegpu.plan.nccl import NcclPlan, has_infiniband, plan_nccl
+from pvegpu.plan.bench import SpeedSettings, speed_settings
+from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
+from pvegpu.plan.nccl_transports import uses_p2p
 from pvegpu.plan.p2p import guest_uses_p2p
-from pvegpu.run.host_state import node_p2p, state_of
+from pvegpu.plan.serving import ServingNccl, ServingPlan, plan_serving
+from pvegpu.run.host_state import nccl_conf_files, node_p2p, serving_checkpoint, state_of
 from pvegpu.run.plan import node_host_of, plan_of
 
-
-@dataclass(frozen=True)
-class ServingNccl:
-    """The host's NCCL plan, its VM guest's topology file (None elsewhere), and whether the plan uses P2P."""
-
-    plan: NcclPlan
-    topo: NcclTopo | None
-    p2p: bool
-
-    def describe(self, profile: str) -> str:
-        """Which NCCL profile is in force and why, with its settings (README, "NCCL's settings per
-        transport")."""
-        if profile != "vm":
-            why = f"P2P (profile {profile}: the host driver gives P2P)"
-        elif self.p2p:
-            why = "P2P (profile vm: P2P between the VM's GPUs is proven or forced, vm.p2p)"
-        else:
-            why = "SHM (profile vm: no P2P between passed-through GPUs)"
-        settings = " ".join(f"{setting.name}={setting.value}" for setting in self.plan.env)
-        return f"NCCL profile {why}: {settings}" + "".join(f" {flag.flag}" for flag in self.plan.flags)
+_PLANS: WeakKeyDictionary[State, dict[str, ServingPlan]] = WeakKeyDictionary()
 
 
 def serving_nccl(target: Host) -> ServingNccl:
@@ -58,6 +53,43 @@ def serving_nccl(target: Host) -> ServingNccl:
         p2p=node.profile == "vm" and p2p,
     )
     return ServingNccl(nccl, topo, p2p)
+
+
+def serving_plan_of(target: Host) -> ServingPlan:
+    """`target`'s SGLang service plan for this run (module docstring; planned on first use). PlanError when
+    its data does not fit (the caller's `plan_failures` reports it)."""
+    plans = _PLANS.setdefault(target.state, {})
+    plan = plans.get(target.name)
+    if plan is None:
+        node_plan = plan_of(target)
+        specs = node_plan.specs
+        nccl = serving_nccl(target)
+        state = state_of(target)
+        plan = plans[target.name] = plan_serving(
+            specs.node.profile,
+            specs.sglang,
+            nccl,
+            checkpoint=serving_checkpoint(specs.sglang, state),
+            gpu_ids=[gpu.id for gpu in node_plan.topology.gpus],
+            secrets=state.secrets,
+            conf_files=nccl_conf_files(state, specs),
+        )
+    return plan
+
+
+def settings_in_force(target: Host) -> SpeedSettings:
+    """The benchmark's label, from serving host `target` as it is now: its NUMA nodes (the hardware fact),
+    what the running service's NCCL logged (its topology file, its transports) and the P2P probe's record
+    (read with the host's state when its node's `vm.p2p` is not `off`)."""
+    records = target.get_fact(SglangNcclChannels)
+    said = target.get_fact(SglangNcclTopologyFile)
+    return speed_settings(
+        numa_nodes=len(plan_of(target).hardware.numa_nodes),
+        nccl_logged=bool(records),
+        topo_file_read=topology_file_read(said),
+        p2p_in_use=uses_p2p(records),
+        p2p_record=state_of(target).p2p_record,
+    )
 
 
 def _guest_nccl_topo(target: Host) -> NcclTopo | None:

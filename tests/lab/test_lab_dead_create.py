@@ -5,7 +5,9 @@ pvegpu acts as over the `ssh` backend) creates VM 100 through the HTTPS API; its
 then what a killed create leaves (the stub `lock: create`), and pvegpu's create record on this machine says
 pvegpu sent a create of VM 100 at the same second whose POST never answered (the race that could make the
 proof misfire). Two runs of deploy/vm.py each report the leftover as not provably pvegpu's (the task ran as
-the token), and leave its config byte-identical and its task the guest's newest.
+the token), and leave its config byte-identical and its task the guest's newest. Then, with a record of that
+very task (proving it pvegpu's) and the VM an HA resource, the run refuses in one line before anything is
+unlocked: the config stays byte-identical.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def test_error_dead_create_of_another_identity_is_never_destroyed(
     config.write_text("lock: create\n")  # what its worker leaves when killed before its final write
     sent = start_time(upid)
     assert sent is not None
-    ledger = ledger_beside(hosts.known_hosts_path(), "root@pam")
+    ledger = ledger_beside(hosts.known_hosts_path(), "root@pam", cluster=None, owner=None, node=pve_name)
     assert ledger is not None
     ledger.write(pve_name, "qemu", 100, CreateRecord(upid=None, sent=sent, nonce="5eed" * 8))
     try:
@@ -80,5 +82,21 @@ def test_error_dead_create_of_another_identity_is_never_destroyed(
             assert "Traceback" not in result.stderr
             assert config.read_text() == "lock: create\n"
             assert token.guest_tasks(pve_name, 100)[0].upid == upid
+
+        # Proven pvegpu's by a record of its very task, but an HA resource: Proxmox refuses its destroy
+        # without `purge`, so it is refused before anything is unlocked.
+        ledger.write(pve_name, "qemu", 100, CreateRecord(upid=upid, sent=sent, nonce="5eed" * 8))
+        (node.root / "etc/pve/ha").mkdir(parents=True, exist_ok=True)
+        (node.root / "etc/pve/ha/resources.cfg").write_text("vm: 100\n\tstate started\n")
+        held = pyinfra_cli("-y", "--limit", pve_name, "inventory/lab.py", "deploy/vm.py", check=False)
+
+        assert held.returncode != 0, held.stderr
+        assert (
+            f"VM 100 on {pve_name} not destroyed, it is HA resource vm:100; pvegpu purges no HA or "
+            "replication entry (nothing unlocked or destroyed): remove it from there, then run again"
+        ) in held.stderr, held.stderr
+        assert "Traceback" not in held.stderr
+        assert config.read_text() == "lock: create\n"
+        assert token.guest_tasks(pve_name, 100)[0].upid == upid
     finally:
         ledger.forget(pve_name, "qemu", 100)

@@ -192,7 +192,7 @@ def test_drift_garbage_and_a_killed_create_then_one_run_converges(
     assert len(mappings(node)) == 8  # the sync before the create was whole
     the_image_is_whole(node)  # so was the download
 
-    ledger = ledger_beside(hosts.known_hosts_path(), "root@pam")
+    ledger = ledger_beside(hosts.known_hosts_path(), "root@pam", cluster=None, owner=None, node=pve_name)
     assert ledger is not None
     record = ledger.path(pve_name, "qemu", 100)
     assert json.loads(record.read_text())["upid"] is None  # pvesh never answered the killed POST

@@ -208,9 +208,12 @@ args = sys.argv[1:]
 racing = args[:1] == ["set"] and args[1:2] and args[1].startswith("/cluster/mapping/pci/")
 if racing and not os.path.exists(RACED):
     open(RACED, "w").write(args[1] + "\\n")
-    got = subprocess.run([REAL, "get", args[1], "--output-format", "json"], capture_output=True, text=True)
-    edit = [REAL, "set", args[1], "--description", "edited by another admin"]
-    for line in json.loads(got.stdout)["map"]:
+    got = json.loads(subprocess.run(
+        [REAL, "get", args[1], "--output-format", "json"], capture_output=True, text=True
+    ).stdout)
+    # Another admin's edit that keeps pvegpu's mark (the hook repairs only what carries it).
+    edit = [REAL, "set", args[1], "--description", "edited by another admin " + got.get("description", "")]
+    for line in got["map"]:
         edit += ["--map", line]
     subprocess.run(edit, check=True)
 os.execv(REAL, [REAL, *args])
@@ -251,7 +254,7 @@ def test_concurrent_mapping_edit_is_not_overwritten_next_start_repairs(
     assert [(m.id, m.map) for m in raced] == [(m.id, m.map) for m in written]  # no map line written
     mark = f"pvegpu-owner: {name}"  # pvegpu's mark on each mapping it created (the node's name: no cluster)
     assert [m.description for m in written] == [mark] * 8
-    assert [m.description for m in raced] == ["edited by another admin"] + [mark] * 7
+    assert [m.description for m in raced] == [f"edited by another admin {mark}"] + [mark] * 7
 
     lab_ssh(node, f"pvesh create /nodes/{name}/qemu/100/status/start")
     assert status(lab_ssh, node) == "running"
@@ -262,7 +265,7 @@ def test_concurrent_mapping_edit_is_not_overwritten_next_start_repairs(
     ]
     assert last_start_log(node)[-1] == "TASK OK"
     repaired = parse_pci_cfg(cfg.read_text()).mappings
-    assert [m.description for m in repaired] == ["edited by another admin"] + [mark] * 7
+    assert [m.description for m in repaired] == [f"edited by another admin {mark}"] + [mark] * 7
     assert [m.map for m in repaired] == [
         (m.map[0].replace(moved(old), moved(new)),)
         for m, old, new in zip(written, reference["gpus"], renumbered["gpus"], strict=True)

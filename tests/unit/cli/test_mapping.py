@@ -1,6 +1,7 @@
 """`pvegpu mapping`: the pci.cfg text is a public interface. It must be exactly what Proxmox stores, parse
 with Proxmox's grammar, and pass Proxmox's live check on the trees it came from (lab.fakesys trees).
-`--against PCI_CFG` repairs a pci.cfg after a BIOS change, deciding as the node's hook does (plan/heal.py).
+`--against PCI_CFG` repairs a pci.cfg after a BIOS change, deciding as the node's hook does (plan/heal.py);
+with `--owner ID` the sections carry pvegpu's mark and only marked mappings are repaired.
 """
 
 from __future__ import annotations
@@ -283,6 +284,46 @@ def test_two_nodes_each_decided_on_its_own_tree(trees: dict[str, Path], tmp_path
     assert result.stdout == expected
     assert proxmox_check_fails(result.stdout, "pve1", trees["reference"]) == []
     assert proxmox_check_fails(result.stdout, "pve2", trees["reference-renumbered"]) == []
+
+
+def test_create_with_owner_marks_each_section_as_pvegpu_writes_it(trees: dict[str, Path]) -> None:
+    result = run("--node", f"pve1={trees['reference']}", "--owner", "dc-1")
+    assert (result.exit_code, result.stderr) == (0, "")
+    assert result.stdout == "".join(
+        f"gpu{n}\n\tmap id=10de:2bb1,node=pve1,path=0000:{bus}:00,iommugroup={group},"
+        "subsystem-id=10de:204b\n\tdescription pvegpu-owner: dc-1\n\n"
+        for n, (bus, group) in enumerate(REFERENCE)
+    )
+
+
+def test_against_with_owner_repairs_only_marked_mappings(trees: dict[str, Path], tmp_path: Path) -> None:
+    marked = run("--node", f"pve1={trees['reference']}", "--owner", "dc-1").stdout
+    gpu0_unmarked = marked.replace("\tdescription pvegpu-owner: dc-1\n", "", 1)
+    cfg, renumbered = tmp_path / "pci.cfg", f"pve1={trees['reference-renumbered']}"
+    cfg.write_text(gpu0_unmarked)
+    refused = run("--node", renumbered, "--against", cfg, "--owner", "dc-1")
+    cfg.write_text(marked)
+    repaired = run("--node", renumbered, "--against", cfg, "--owner", "dc-1")
+
+    assert (refused.exit_code, refused.stdout) == (1, gpu0_unmarked)
+    assert refused.stderr.splitlines()[:2] == [
+        "gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16 is a renumbering, but mapping gpu0 is not "
+        "pvegpu's (no pvegpu mark; mapping.adopt: true adopts it), not repaired",
+        "gpu1 pve1: 0000:51:00 group 17 -> 0000:31:00 group 19 is a renumbering, but gpu0 of pve1 is not "
+        "pvegpu's, not repaired",
+    ]
+    assert (repaired.exit_code, repaired.stderr.splitlines()[0]) == (
+        0,
+        "gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16, repaired",
+    )
+    fresh = run("--node", renumbered, "--owner", "dc-1").stdout
+    assert repaired.stdout == fresh
+
+
+def test_error_owner_that_is_no_owner_id_is_a_usage_error(trees: dict[str, Path]) -> None:
+    result = run("--node", f"pve1={trees['reference']}", "--owner", "a b")
+    assert result.exit_code == 2
+    assert "'a b' is not an owner id (letters, digits, - and _)" in result.stderr
 
 
 def test_error_against_unreadable_file_exits_2(trees: dict[str, Path], tmp_path: Path) -> None:

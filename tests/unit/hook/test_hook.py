@@ -1,6 +1,7 @@
-"""The node's pre-start hook (pvegpu/hook): its decision and exact lines on the lab's generated trees, the
-zipapp run by the node's python3 against a temporary /etc/pve and a recording `pvesh`, the bundle's contents,
-the install operation, and the VM's `hookscript` key (plan/vm.py)."""
+"""The node's pre-start hook (pvegpu/hook): its decision and exact lines on the lab's generated trees (it
+repairs only mappings that carry pvegpu's mark), the zipapp run by the node's python3 against a temporary
+/etc/pve and a recording `pvesh`, the bundle's contents, the install operation, and the VM's `hookscript`
+key (plan/vm.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import io
 import os
 import subprocess
 import syslog
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,17 +26,17 @@ from pvegpu.facts.node_read import NodeRead
 from pvegpu.facts.pci_cfg import render_pci_cfg
 from pvegpu.hook import main as main_module
 from pvegpu.hook import pre_start as pre_start_module
-from pvegpu.hook.bundle import BUNDLE_PATH, PYTHON, Bundle, BundleError, build, modules, wrapper
+from pvegpu.hook.bundle import BUNDLE_PATH, HOOK_MODULES, PYTHON, Bundle, BundleError, build, modules, wrapper
 from pvegpu.hook.decide import FIX_COMMAND, Mode, Start, decide, mapped_ids
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.node import NodeSpec
 from pvegpu.models.pve import PciMapping, StorageConfig
 from pvegpu.models.vm import VmSpec
-from pvegpu.operations.hook import directory_check, hook_installed, shared_storage_refusal
+from pvegpu.operations.hook import directory_check, hook_installed, self_heal, shared_storage_refusal
 from pvegpu.plan.mapping import plan_mappings
+from pvegpu.plan.ownership import owner_line
 from pvegpu.plan.topology import plan_vendor_topology
 from pvegpu.plan.vm import create_keys, diff_vm, vm_config
-from roles.self_heal import self_heal
 from tests.unit.op_harness import NODE_DATA, FakeHost, node_state, run_op
 
 NAMES = ("reference", "reference-renumbered", "reference-missing-gpu")
@@ -52,7 +54,8 @@ RENUMBERED = [
     "pvegpu: gpu6 pve1: 0000:e1:00 group 35 -> 0000:c1:00 group 37, repaired",
     "pvegpu: gpu7 pve1: 0000:f1:00 group 38 -> 0000:d1:00 group 40, repaired",
 ]
-REPAIR = Start(100, "pve1", Mode.REPAIR, "gpu")
+OWNER = "lab"
+REPAIR = Start(100, "pve1", Mode.REPAIR, "gpu", OWNER)
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +71,12 @@ def hw(trees: dict[str, Path]) -> dict[str, HostHardware]:
     return {name: read_hardware_locally(path) for name, path in trees.items()}
 
 
-def mapped(hw: HostHardware, node: str = "pve1") -> tuple[PciMapping, ...]:
-    return plan_mappings({node: plan_vendor_topology(hw, "10de")})
+def mapped(hw: HostHardware, node: str = "pve1", unmarked: str = "") -> tuple[PciMapping, ...]:
+    """pvegpu's mappings of `hw` on `node`, marked as pvegpu writes them, but `unmarked` (an id)."""
+    return tuple(
+        m if m.id == unmarked else replace(m, description=owner_line(OWNER))
+        for m in plan_mappings({node: plan_vendor_topology(hw, "10de")})
+    )
 
 
 def test_mapped_ids_are_the_current_sections_mapping_keys_in_hostpci_order() -> None:
@@ -124,6 +131,41 @@ def test_error_missing_gpu_refuses_naming_the_gpu_and_the_fix(hw: dict[str, Host
     assert (decision.repairs, decision.refused) == ((), True)
 
 
+HELD = "is a renumbering, but gpu3 of pve1 is not pvegpu's, not repaired"
+
+
+@pytest.mark.parametrize(
+    ("description", "found"), [(None, "no pvegpu mark"), ("pvegpu-owner: other", "pvegpu-owner: other")]
+)
+def test_error_unmarked_drifted_mapping_is_not_repaired_and_the_start_refused(
+    hw: dict[str, HostHardware], description: str | None, found: str
+) -> None:
+    old = [replace(m, description=description) if m.id == "gpu3" else m for m in mapped(hw["reference"])]
+    decision = decide(REPAIR, CONFIG_8, old, hw["reference-renumbered"])
+    assert list(decision.lines) == [
+        f"pvegpu: gpu0 pve1: 0000:41:00 group 14 -> 0000:21:00 group 16 {HELD}",
+        f"pvegpu: gpu1 pve1: 0000:51:00 group 17 -> 0000:31:00 group 19 {HELD}",
+        f"pvegpu: gpu2 pve1: 0000:61:00 group 20 -> 0000:41:00 group 22 {HELD}",
+        "pvegpu: gpu3 pve1: 0000:71:00 group 23 -> 0000:51:00 group 25 is a renumbering, but mapping gpu3 is "
+        f"not pvegpu's ({found}; mapping.adopt: true adopts it), not repaired",
+        f"pvegpu: gpu4 pve1: 0000:c1:00 group 29 -> 0000:a1:00 group 31 {HELD}",
+        f"pvegpu: gpu5 pve1: 0000:d1:00 group 32 -> 0000:b1:00 group 34 {HELD}",
+        f"pvegpu: gpu6 pve1: 0000:e1:00 group 35 -> 0000:c1:00 group 37 {HELD}",
+        f"pvegpu: gpu7 pve1: 0000:f1:00 group 38 -> 0000:d1:00 group 40 {HELD}",
+        "pvegpu: VM 100 not started: pvegpu repairs only its own mappings, and gpu3 lacks its mark; to let "
+        "pvegpu repair it, set mapping.adopt: true, then run: pyinfra inventory.py deploy/rebuild_vm.py",
+    ]
+    assert (decision.repairs, decision.refused) == ((), True)
+
+
+def test_unmarked_mappings_still_valid_start_with_nothing_written(hw: dict[str, HostHardware]) -> None:
+    """The mark is asked of a repair only: valid mappings without it are Proxmox's to check, as before."""
+    old = [replace(m, description=None) for m in mapped(hw["reference"])]
+    decision = decide(REPAIR, CONFIG_8, old, hw["reference"])
+    assert decision == decide(REPAIR, CONFIG_8, mapped(hw["reference"]), hw["reference"])
+    assert (decision.repairs, decision.refused) == ((), False)
+
+
 def test_vm_without_pvegpu_mappings_is_left_to_proxmox(hw: dict[str, HostHardware]) -> None:
     decision = decide(REPAIR, "hostpci0: 0000:41:00\n", mapped(hw["reference"]), hw["reference-missing-gpu"])
     assert (decision.lines, decision.refused) == (
@@ -157,13 +199,14 @@ def zipapp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def node_root(tmp: Path, hw: HostHardware, config: str = CONFIG_8) -> tuple[Path, Path]:
-    """A /etc/pve with VM 100 and this machine's node name in pci.cfg, and a recording pvesh."""
+def node_root(tmp: Path, hw: HostHardware, config: str = CONFIG_8, unmarked: str = "") -> tuple[Path, Path]:
+    """A /etc/pve with VM 100 and this machine's node name in pci.cfg (each mapping marked, but `unmarked`),
+    and a recording pvesh."""
     node = os.uname().nodename.split(".")[0]
     (tmp / "etc/pve/qemu-server").mkdir(parents=True)
     (tmp / "etc/pve/mapping").mkdir(parents=True)
     (tmp / "etc/pve/qemu-server/100.conf").write_text(config)
-    (tmp / "etc/pve/mapping/pci.cfg").write_text(render_pci_cfg(mapped(hw, node)))
+    (tmp / "etc/pve/mapping/pci.cfg").write_text(render_pci_cfg(mapped(hw, node, unmarked)))
     pvesh = tmp / "bin/pvesh"
     pvesh.parent.mkdir()
     pvesh.write_text(PVESH)
@@ -175,6 +218,7 @@ def run_hook(
     zipapp: Path, root: Path, pvesh: Path, sysfs: Path, *args: str
 ) -> subprocess.CompletedProcess[str]:
     argv = [PYTHON, str(zipapp), "--pve-root", str(root), "--sysfs-root", str(sysfs), "--pvesh", str(pvesh)]
+    argv += ["--owner", OWNER]
     return subprocess.run([*argv, *args], capture_output=True, text=True, check=False, timeout=60)
 
 
@@ -197,6 +241,24 @@ def test_zipapp_repairs_through_pvesh_with_the_files_digest(
     assert (tmp_path / "bin/calls").read_text().splitlines() == [
         f"set /cluster/mapping/pci/{m.id} --map {m.map[0]} --digest {digest}" for m in new
     ]
+
+
+def test_error_zipapp_does_not_repair_an_unmarked_mapping(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    root, pvesh = node_root(tmp_path, hw["reference"], unmarked="gpu5")
+    done = run_hook(zipapp, root, pvesh, trees["reference-renumbered"], "100", "pre-start")
+    node = os.uname().nodename.split(".")[0]
+    assert (done.returncode, done.stderr) == (1, "")
+    assert done.stdout.splitlines()[5] == (
+        f"pvegpu: gpu5 {node}: 0000:d1:00 group 32 -> 0000:b1:00 group 34 is a renumbering, but mapping gpu5 "
+        "is not pvegpu's (no pvegpu mark; mapping.adopt: true adopts it), not repaired"
+    )
+    assert done.stdout.splitlines()[-1] == (
+        "pvegpu: VM 100 not started: pvegpu repairs only its own mappings, and gpu5 lacks its mark; to let "
+        "pvegpu repair it, set mapping.adopt: true, then run: pyinfra inventory.py deploy/rebuild_vm.py"
+    )
+    assert not (tmp_path / "bin/calls").exists()
 
 
 def test_error_zipapp_concurrent_edit_is_not_overwritten(
@@ -230,27 +292,14 @@ def test_zipapp_unreadable_hardware_leaves_the_start_to_proxmox(
 
 
 def test_bundle_holds_the_hooks_stdlib_only_modules_and_is_deterministic() -> None:
-    assert modules() == (
-        "pvegpu",
-        "pvegpu.facts",
-        "pvegpu.facts.hardware_parse",
-        "pvegpu.facts.parsing",
-        "pvegpu.facts.pci_cfg",
-        "pvegpu.hook",
-        "pvegpu.hook.decide",
-        "pvegpu.hook.main",
-        "pvegpu.hook.pre_start",
-        "pvegpu.hook.pvesh",
-        "pvegpu.models",
-        "pvegpu.models.hardware",
-        "pvegpu.models.pve",
-        "pvegpu.plan",
-        "pvegpu.plan.errors",
-        "pvegpu.plan.heal",
-        "pvegpu.plan.mapping",
-        "pvegpu.plan.ownership",
-        "pvegpu.plan.topology",
-    )
+    """The list a run bundles is what the hook imports (a new import fails here until HOOK_MODULES has it)."""
+    assert modules() == HOOK_MODULES
+    assert "pvegpu.plan.heal" in HOOK_MODULES
+    packages = {"pvegpu", "pvegpu.facts", "pvegpu.hook", "pvegpu.models", "pvegpu.plan"}
+    files = [
+        name.replace(".", "/") + ("/__init__.py" if name in packages else ".py") for name in HOOK_MODULES
+    ]
+    assert zipfile.ZipFile(io.BytesIO(build().data)).namelist() == sorted(["__main__.py", *files])
     assert build().sha256 == build().sha256
 
 
@@ -262,7 +311,7 @@ def test_error_bundle_refuses_a_module_that_needs_a_third_party_package() -> Non
 
 def test_wrapper_names_the_version_and_the_bundle_it_runs_once_its_sha256_matches() -> None:
     bundle = Bundle(b"zip", "ab" * 32, "0.1.0")
-    assert wrapper(bundle, mode="check", prefix="gpu", sysfs_root="/opt/sys") == (
+    assert wrapper(bundle, mode="check", prefix="gpu", owner="dc-1", sysfs_root="/opt/sys") == (
         "#!/bin/sh\n"
         "# pvegpu 0.1.0 pre-start hookscript, written by pvegpu (a run rewrites it).\n"
         f"# bundle {BUNDLE_PATH} sha256 {'ab' * 32}\n"
@@ -276,7 +325,8 @@ def test_wrapper_names_the_version_and_the_bundle_it_runs_once_its_sha256_matche
         '  logger -t pvegpu-hook -- "$line" 2>/dev/null || :\n'
         "  exit 0\n"
         "fi\n"
-        f'exec /usr/bin/python3 {BUNDLE_PATH} --mode check --prefix gpu --sysfs-root /opt/sys "$@"\n'
+        f"exec /usr/bin/python3 {BUNDLE_PATH} --mode check --prefix gpu --owner dc-1 --sysfs-root /opt/sys "
+        '"$@"\n'
     )
 
 
@@ -294,6 +344,7 @@ def run_wrapper(tmp: Path, data: bytes | None, phase: str = "pre-start") -> subp
             bundle,
             mode="repair",
             prefix="gpu",
+            owner=OWNER,
             sysfs_root=str(tmp / "no-sys"),
             bundle_path=str(bundle_path),
             python=PYTHON,
@@ -387,7 +438,7 @@ def install(sums: dict[str, str | None], bundle: Bundle, text: str) -> tuple[lis
 
 def test_noop_hook_installed_when_both_files_match() -> None:
     bundle = Bundle(b"zip", hashlib.sha256(b"zip").hexdigest(), "0.1.0")
-    text = wrapper(bundle, mode="repair", prefix="gpu", sysfs_root="/sys")
+    text = wrapper(bundle, mode="repair", prefix="gpu", owner=OWNER, sysfs_root="/sys")
     sums: dict[str, str | None] = {
         BUNDLE_PATH: bundle.sha256,
         HOOK: hashlib.sha256(text.encode()).hexdigest(),
@@ -400,7 +451,7 @@ def test_noop_hook_installed_when_both_files_match() -> None:
 
 def test_create_hook_uploads_the_bundle_staged_and_writes_the_wrapper_0755() -> None:
     bundle = Bundle(b"zip", hashlib.sha256(b"zip").hexdigest(), "0.1.0")
-    text = wrapper(bundle, mode="repair", prefix="gpu", sysfs_root="/sys")
+    text = wrapper(bundle, mode="repair", prefix="gpu", owner=OWNER, sysfs_root="/sys")
     commands, noops = install({BUNDLE_PATH: None, HOOK: None}, bundle, text)
     assert noops == []
     assert commands[:3] == [
@@ -481,7 +532,7 @@ def test_error_self_heal_role_refuses_a_shared_storage_before_any_operation() ->
     api = SimpleNamespace(storage=lambda _storage: storage("cifs"))
     node = NodeSpec.model_validate(NODE_DATA["node"])
     with ctx_host.use(FakeHost({})), pytest.raises(OperationError) as error:
-        self_heal(api, node, VmSpec(vmid=100, snippets_storage="store"))  # type: ignore[arg-type]
+        self_heal(api, node, VmSpec(vmid=100, snippets_storage="store"), OWNER)  # type: ignore[arg-type]
     assert str(error.value) == (
         "pve1: vm.snippets_storage store is shared (type cifs, shared by every node that mounts it): "
         "pvegpu's pre-start hookscript runs as root on every VM start, so it goes only to node-local "

@@ -28,7 +28,11 @@ from typing import Any
 import pytest
 
 from lab import fakesys
-from lab.pve import pvesh
+from lab.pve.pvelib.api.nodes_tasks import get_task_status
+from lab.pve.pvelib.hypervisor import qemu_running_pid
+from lab.pve.pvelib.rest import Call
+from lab.pve.pvelib.settings import Settings
+from lab.pve.pvelib.tasks import run_task, task_log_path
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.node_read import parse_qemu_processes, qemu_processes_command
 from pvegpu.facts.pve_files import qemu_running, qemu_status_answer
@@ -68,7 +72,7 @@ def test_status_is_error_as_upid_pm(exitstatus: str | None, error: bool) -> None
 
 
 def test_stand_in_task_that_warned_ends_with_warnings_and_reads_back_so(tmp_path: Path) -> None:
-    settings = pvesh.Settings("pve1", tmp_path / "sys", tmp_path, None, 1.0, "9.0.3", "9.0")
+    settings = Settings("pve1", tmp_path / "sys", tmp_path, None, 1.0, "9.0.3", "9.0")
     (tmp_path / "var/log/pve/tasks").mkdir(parents=True)
 
     def worker(emit: Any) -> None:
@@ -76,9 +80,9 @@ def test_stand_in_task_that_warned_ends_with_warnings_and_reads_back_so(tmp_path
         emit("still working")
         emit("WARN: second")
 
-    upid = pvesh.run_task(pvesh.Call(settings, {}, {}), "qmstart", "100", worker)
-    status = pvesh.get_task_status(pvesh.Call(settings, {"upid": upid}, {}))
-    log = pvesh.task_log_path(settings, upid, upid.split(":")[4]).read_text()
+    upid = run_task(Call(settings, {}, {}), "qmstart", "100", worker)
+    status = get_task_status(Call(settings, {"upid": upid}, {}))
+    log = task_log_path(settings, upid, upid.split(":")[4]).read_text()
     assert (status["status"], status["exitstatus"]) == ("stopped", "WARNINGS: 2")
     assert log == "WARN: first\nstill working\nWARN: second\nTASK WARNINGS: 2\n"
     assert (tmp_path / "var/log/pve/tasks/index").read_text().endswith(" WARNINGS: 2\n")
@@ -261,7 +265,7 @@ def test_stand_in_vm_is_a_process_naming_its_pidfile(pve: Pve) -> None:
         [b"-id", b"100", b"-name", b"gpuvm", b"-pidfile", PIDFILE.encode(), b"-daemonize", b""],
     )
     assert (status["status"], status["pid"]) == ("running", pid)
-    assert pvesh.qemu_running_pid(pvesh_settings(pve), "100") == pid
+    assert qemu_running_pid(pvesh_settings(pve), "100") == pid
 
     assert pve("create", "/nodes/pve1/qemu/100/status/stop").rc == 0
     assert not (pve.root / PIDFILE.lstrip("/")).exists()
@@ -281,7 +285,7 @@ def test_stand_in_vm_whose_process_is_gone_is_stopped(pve: Pve) -> None:
     pid = pid_of(pve)
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while pvesh.qemu_running_pid(pvesh_settings(pve), "100") is not None and time.monotonic() < deadline:
+    while qemu_running_pid(pvesh_settings(pve), "100") is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert pve.json("get", "/nodes/pve1/qemu/100/status/current")["status"] == "stopped"
 
@@ -297,9 +301,9 @@ def test_stand_in_runs_the_pre_start_hook_under_the_vms_config_lock(pve: Pve) ->
     assert subprocess.run(["flock", "-n", str(lock), "true"], check=False).returncode == 0  # released
 
 
-def pvesh_settings(pve: Pve) -> pvesh.Settings:
+def pvesh_settings(pve: Pve) -> Settings:
     config = json.loads((pve.base / "pve.json").read_text())
-    return pvesh.Settings(config["node"], Path(config["sysfs_root"]), Path(config["root"]), None, 1.0, "", "")
+    return Settings(config["node"], Path(config["sysfs_root"]), Path(config["root"]), None, 1.0, "", "")
 
 
 # --- one map line's paths are one alternative -------------------------------------------------------------

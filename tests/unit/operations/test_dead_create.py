@@ -18,7 +18,7 @@ from pvegpu.operations.lxc import lxc_container
 from pvegpu.plan.create_proof import CreateRecord
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.transport import Params
-from tests.unit.fake_pve import NONCED, UPID_CREATE, ConfigStore, FakeApi, execute, task_ok
+from tests.unit.fake_pve import NONCED, UPID_CREATE, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 from tests.unit.operations.test_vm import (
     CONFIG,
@@ -47,7 +47,7 @@ REPORT = (
 
 
 def ledger(tmp_path: Path, user: str = "root@pam", record: CreateRecord | None = None) -> CreateLedger:
-    made = ledger_beside(tmp_path / "known_hosts", user)
+    made = ledger_beside(tmp_path / "known_hosts", user, cluster=None, owner=None, node="pve1")
     assert made is not None
     if record is not None:
         made.write("pve1", "qemu", 100, record)
@@ -91,6 +91,9 @@ def dead_create_api(
             **{("DELETE", f"{CONTENT}/{item['volid']}"): freed(item["volid"]) for item in listed},
             ("GET", f"/nodes/pve1/tasks/{UPID_IMGDEL}/status"): task_ok(UPID_IMGDEL),
             ("GET", "/access/permissions"): AUDITOR,
+            ("GET", "/cluster/ha/resources"): [],
+            ("GET", "/cluster/replication"): [],
+            ("GET", "/cluster/backup"): [],
             ("GET", CONFIG_PATH): store.get,
             ("PUT", CONFIG_PATH): store.put,
             ("GET", TASKS): [DEAD_CREATE],
@@ -155,7 +158,8 @@ HA_REFUSAL = PveError(500, "unable to remove VM 100 - used in HA resources and p
 
 def test_error_own_dead_create_in_ha_is_one_line_and_nothing_destroyed(tmp_path: Path) -> None:
     """Without `purge` Proxmox refuses a VM that is an HA resource (API2/Qemu.pm destroy_vm's early check,
-    before any task): one line naming the VM and what holds it; no volume freed, no create sent."""
+    before any task): should one be added after pvegpu's last read of the HA resources, Proxmox's refusal is
+    one line naming the VM and what holds it; no volume freed, no create sent."""
     records = ledger(tmp_path, record=CreateRecord(None, STARTED - 1))
     api = dead_create_api(vm_store({**STUB}), volumes=[volume("vm-100-disk-1", STARTED + 2)])
     api.answers[("DELETE", "/nodes/pve1/qemu/100")] = HA_REFUSAL
@@ -388,8 +392,10 @@ def test_create_refused_before_anything_was_made_forgets_the_record(tmp_path: Pa
 
 
 def test_no_known_hosts_file_keeps_no_records() -> None:
-    assert ledger_beside(None, "root@pam") is None
-    assert ledger_beside("~/kh", "root@pam") == CreateLedger(Path.home() / "guest-keys/tasks", "root@pam")
+    assert ledger_beside(None, "root@pam", cluster="lab", owner=None, node="pve1") is None
+    assert ledger_beside("~/kh", "root@pam", cluster="lab", owner=None, node="pve1") == CreateLedger(
+        Path.home() / "guest-keys/lab/tasks", "root@pam", Path.home() / "guest-keys/tasks"
+    )
 
 
 # --- the proof cannot misfire (issue 24 point 2) ---------------------------------------------------------
@@ -641,3 +647,169 @@ def test_record_keeps_its_nonce_and_an_older_record_reads_without_one(tmp_path: 
     assert records.read("pve1", "qemu", 100) == CreateRecord(None, STARTED, None)
     path.write_text(f'{{"nonce": 5, "sent": {STARTED}, "upid": null}}\n')
     assert records.read("pve1", "qemu", 100) is None
+
+
+# --- what holds the leftover: HA, replication, backup jobs (issue 24 point 2) -----------------------------
+
+HA_VM_100 = {"sid": "vm:100", "type": "vm", "state": "started", "digest": "a1" * 20}  # Resources.pm index
+REPLICATION = {
+    "id": "100-0",
+    "guest": 100,
+    "jobnum": 0,
+    "type": "local",
+    "target": "pve2",
+    "schedule": "*/15",
+}
+HELD = (
+    "VM 100 on pve1 not destroyed, {}; pvegpu purges no HA or replication entry (nothing unlocked or "
+    "destroyed): remove it from there, then run again"
+)
+
+
+@pytest.mark.parametrize(
+    ("ha", "replication", "held"),
+    [
+        pytest.param([HA_VM_100], [], "it is HA resource vm:100", id="ha"),
+        pytest.param(
+            [{**HA_VM_100, "sid": "ct:100", "type": "ct"}, {**HA_VM_100, "sid": "vm:101"}],
+            [REPLICATION, {**REPLICATION, "id": "101-0", "guest": 101}],
+            "replication job 100-0 replicates it",
+            id="replication",
+        ),
+        pytest.param(
+            [HA_VM_100],
+            [REPLICATION, {**REPLICATION, "id": "100-1", "jobnum": 1, "target": "pve3"}],
+            "it is HA resource vm:100 and replication jobs 100-0, 100-1 replicate it",
+            id="both",
+        ),
+    ],
+)
+def test_error_own_dead_create_held_by_ha_or_replication_is_refused_before_anything_is_unlocked(
+    tmp_path: Path, ha: list[dict[str, object]], replication: list[dict[str, object]], held: str
+) -> None:
+    """Proxmox refuses to destroy it without `purge`, which pvegpu never sends: read before anything is
+    written, so nothing is unlocked (it would be left unlocked by a refused destroy)."""
+    api = dead_create_api(vm_store({**STUB}), volumes=[volume("vm-100-disk-1", STARTED + 2)])
+    api.answers[("GET", "/cluster/ha/resources")] = ha
+    api.answers[("GET", "/cluster/replication")] = replication
+
+    with pytest.raises(OperationError) as error:
+        converge(api, ledger(tmp_path, record=CreateRecord(None, STARTED - 1)))
+
+    assert str(error.value) == HELD.format(held)
+    assert api.writes() == []
+
+
+def test_error_ha_resource_added_after_planning_is_refused_before_the_unlock(tmp_path: Path) -> None:
+    """Decided again right before the unlock: an HA resource added since the run was planned refuses it."""
+    api = dead_create_api(vm_store({**STUB}))
+    api.answers[("GET", "/cluster/ha/resources")] = sequence([], [HA_VM_100])
+
+    commands, _ = converge(api, ledger(tmp_path, record=CreateRecord(None, STARTED - 1)))
+    with pytest.raises(OperationError) as error:
+        execute(commands)
+
+    assert str(error.value) == HELD.format("it is HA resource vm:100")
+    assert api.writes() == []
+
+
+def test_error_ha_resources_not_readable_refuses_the_destroy(tmp_path: Path) -> None:
+    """pve-ha-manager API2/HA/Resources.pm `index` needs Sys.Audit on `/`: a token without it cannot tell,
+    so the half-made VM its own create left (proven by the recorded UPID) is not destroyed."""
+    api = dead_create_api(vm_store({"digest": "e1"}), "pvegpu@pve!deploy")
+    api.answers[("GET", "/cluster/ha/resources")] = PveError(403, "Permission check failed (/, Sys.Audit)")
+    records = ledger(tmp_path, "pvegpu@pve!deploy", CreateRecord(UPID_CREATE, STARTED))
+
+    with pytest.raises(OperationError) as error:
+        converge(api, records)
+
+    assert str(error.value) == (
+        "VM 100 on pve1 not destroyed: whether HA or a replication job holds it is unknown (GET "
+        "/cluster/ha/resources: Permission check failed (/, Sys.Audit)); nothing unlocked or destroyed, run "
+        "again"
+    )
+    assert api.writes() == []
+
+
+BACKUP = {"type": "vzdump", "enabled": 1, "schedule": "21:00", "storage": "local", "mode": "snapshot"}
+
+
+@pytest.mark.parametrize(
+    ("jobs", "named"),
+    [
+        pytest.param(
+            [{**BACKUP, "id": "backup-5f3c2a1b-7d4e", "vmid": "100,101"}],
+            "job backup-5f3c2a1b-7d4e (vmid list) still includes vmid 100: pvegpu edits no backup job (no "
+            "purge), so it backs",
+            id="one",
+        ),
+        pytest.param(
+            [
+                {**BACKUP, "id": "listed", "vmid": "101 102"},  # not this vmid
+                {**BACKUP, "id": "daily", "all": 1, "exclude": "101"},
+                {**BACKUP, "id": "other-node", "all": 1, "node": "pve2"},
+                {**BACKUP, "id": "excluded", "all": 1, "exclude": "100;101"},
+                {**BACKUP, "id": "pooled", "pool": "gpu", "enabled": 0},
+            ],
+            "jobs daily (all guests), pooled (pool gpu, if the pool holds it, disabled) still include vmid "
+            "100: pvegpu edits no backup job (no purge), so they back",
+            id="many",
+        ),
+    ],
+)
+def test_own_dead_create_destroyed_names_the_backup_jobs_that_include_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, jobs: list[dict[str, object]], named: str
+) -> None:
+    api = dead_create_api(vm_store({**STUB}))
+    api.answers[("GET", "/cluster/backup")] = jobs
+
+    with caplog.at_level(logging.WARNING, logger="pyinfra"):
+        commands, _ = converge(api, ledger(tmp_path, record=CreateRecord(None, STARTED - 1)))
+        execute(commands)
+
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        WARNING,
+        f"[pve1] VM 100 destroyed, but backup {named} up the VM created again",
+    ]
+    assert [call[:2] for call in api.writes()] == [
+        ("PUT", CONFIG_PATH),
+        ("DELETE", "/nodes/pve1/qemu/100"),  # no purge: no backup job edited
+        ("POST", "/nodes/pve1/qemu"),
+    ]
+
+
+def test_own_dead_create_destroyed_says_when_the_backup_jobs_cannot_be_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = dead_create_api(vm_store({**STUB}))
+    api.answers[("GET", "/cluster/backup")] = PveError(403, "Permission check failed (/, Sys.Audit)")
+
+    with caplog.at_level(logging.WARNING, logger="pyinfra"):
+        commands, _ = converge(api, ledger(tmp_path, record=CreateRecord(None, STARTED - 1)))
+        execute(commands)
+
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING][1:] == [
+        "[pve1] VM 100: the backup jobs that may include it not read (GET /cluster/backup: Permission check "
+        "failed (/, Sys.Audit)); pvegpu edits none"
+    ]
+
+
+def test_error_an_earlier_record_that_differs_from_this_clusters_is_refused(tmp_path: Path) -> None:
+    """An earlier pvegpu kept the record without the cluster (guest-keys/tasks/): moved into place on first
+    use, but refused, both kept, when this cluster's folder holds a different one."""
+    records = ledger(tmp_path, record=CreateRecord(None, STARTED - 1, "5eed" * 8))
+    earlier = tmp_path / "guest-keys/tasks/pve1-qemu-100.json"
+    earlier.parent.mkdir()
+    earlier.write_text(f'{{"nonce": null, "sent": {STARTED}, "upid": null}}\n')
+    api = dead_create_api(vm_store({**STUB}))
+
+    with pytest.raises(OperationError) as error:
+        converge(api, records)
+
+    assert str(error.value) == (
+        f"VM 100: {earlier} (an earlier pvegpu's record, kept without the cluster) and {tmp_path}/guest-keys/"
+        "pve1/tasks/pve1-qemu-100.json both exist and differ; keep the one whose nonce is on the guest's "
+        "`pvegpu-create:` description line, delete the other, then run again"
+    )
+    assert api.writes() == []
+    assert earlier.exists()

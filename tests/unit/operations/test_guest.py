@@ -17,7 +17,9 @@ from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_read import HostState
+from pvegpu.facts.next_boot import NextBoot
 from pvegpu.facts.sglang import Probe, SglangProbe, VenvState
+from pvegpu.models.boot import KernelBoot
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.guest_state import MISSING, PathState
 from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
@@ -57,12 +59,19 @@ class _Output:
 
 
 class FakeShell:
-    """A host for FunctionCommands: answers each command from `answers` (first matching substring)."""
+    """A host for FunctionCommands: answers each command from `answers` (first matching substring), and
+    each fact read from `facts` (recorded in `read`)."""
 
-    def __init__(self, answers: Mapping[str, list[str]]) -> None:
+    def __init__(self, answers: Mapping[str, list[str]], facts: Mapping[type, object] | None = None) -> None:
         self.answers = answers
+        self.facts = facts or {}
         self.ran: list[str] = []
         self.failed: list[str] = []
+        self.read: list[tuple[str, dict[str, Any]]] = []
+
+    def get_fact(self, fact: type, **kwargs: Any) -> object:
+        self.read.append((fact.__name__, kwargs))
+        return self.facts[fact]
 
     def log_styled(self, message: str, **_kwargs: object) -> None:
         """How a failing command fails its host: one logged line (pvegpu.operations.api_command)."""
@@ -167,7 +176,10 @@ def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: 
     decide_from(monkeypatch, host_state(module=OPEN_580))
     commands, _ = run_op(driver_module, {}, driver=driver, installing=True)
     old = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
-    shell = FakeShell({"cat": [old]})
+    # The guest's next kernel (its newest image) has the new module built: the kernel guard lets it reboot.
+    kernels = ("6.1.0-28-amd64", "6.1.0-31-amd64")
+    boot = KernelBoot(kernels[0], kernels, None, None, dict.fromkeys(kernels, ("580.95.05",)))
+    shell = FakeShell({"cat": [old]}, {NextBoot: boot})
     reboot = REBOOT
 
     def run(command: StringCommand, print_output: bool = False) -> tuple[bool, _Output]:
@@ -179,6 +191,7 @@ def test_update_module_reboots_when_still_mismatched_then_verifies(monkeypatch: 
     call(commands[0], shell)
     cat = "cat /proc/driver/nvidia/version 2>/dev/null || true"
     assert shell.ran == [cat, REBOOT, "<disconnect>", "<connect>", cat]
+    assert shell.read == [("NextBoot", {})]
 
 
 def test_update_module_reboots_only_when_still_mismatched(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,27 +1,37 @@
 """The NVIDIA driver where each profile serves from: packages per placement, the Proxmox host's boot files
-(modules, device unit, apt preferences), the container's module check, the device-node check, and the
-`vm` profile parking what the host driver left (facts in -> exact commands or noop sentences out)."""
+(modules, device unit, apt preferences), the container's module check, the driver's reboot on a node through
+the node's reboot guards, the device-node check, and the `vm` profile parking what the host driver left
+(facts in -> exact commands or noop sentences out)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.facts.host_driver import parse_host_driver
 from pvegpu.facts.lxc_devices import ContainerDriverVersion, parse_nvml_version
+from pvegpu.facts.next_boot import NextBoot
+from pvegpu.facts.node_guests import NodeGuestList
 from pvegpu.facts.node_read import NodeRead
 from pvegpu.facts.nvidia import CharDevices, char_devices_command
+from pvegpu.models.boot import KernelBoot
 from pvegpu.models.driver import DriverSpec
 from pvegpu.models.host_driver import HostDriverState, UnitState
+from pvegpu.models.node_guests import NodeGuest, NodeGuests
 from pvegpu.models.nvidia import LoadedModule
 from pvegpu.operations.host_driver import host_driver_parked
-from pvegpu.operations.nvidia import device_nodes_present, driver_module
+from pvegpu.operations.nvidia import device_nodes_present, driver_module, refuse_driver_reboot
+from pvegpu.operations.reboot import REBOOT
 from pvegpu.operations.render import render
 from pvegpu.plan.driver import KERNEL_PACKAGES, driver_packages
 from pvegpu.plan.lxc import device_nodes
+from pvegpu.plan.reboot import Ours, RebootGuard
 from tests.unit.host_states import decide_from, host_state
-from tests.unit.op_harness import node_state, run_op
-from tests.unit.operations.test_guest import FakeShell, call
+from tests.unit.op_harness import FakeHost, node_state, run_op
+from tests.unit.operations.test_guest import OPEN_580_FILE, FakeShell, call
 
 DRIVER = DriverSpec()
 KERNEL = "6.8.12-4-pve"
@@ -159,6 +169,107 @@ def test_error_container_without_host_module(monkeypatch: pytest.MonkeyPatch) ->
         "the host has no NVIDIA kernel module loaded (/proc/driver/nvidia/version is absent): deploy the "
         "host (profile lxc) first"
     )
+
+
+# --- driver_module on a Proxmox node: the node's reboot guards first ------------------------------------
+
+# The lxc profile's node: its container 300 is pvegpu's (marked), the operator's VM 150 runs beside it.
+GUARD = RebootGuard("pve1", Ours("lab", (("CT", 300),)), allow_foreign=False, driver_version="580.95.05")
+OURS = NodeGuest("CT", 300, "llm", "running", "pvegpu", "pvegpu-owner: lab")
+FOREIGN = NodeGuests((NodeGuest("VM", 150, "other", "running"), OURS))
+REFUSED = (
+    "not rebooting pve1: it would stop what is not pvegpu's: running VM 150 (other); stop or migrate them, "
+    "or set pve_host.allow_reboot_with_foreign_guests: true"
+)
+OLD_FILE = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (x)"
+# The next boot's kernel has the pinned module (DKMS built it for both).
+BOOT_OK = KernelBoot(KERNEL, (KERNEL,), None, None, {KERNEL: ("580.95.05",)})
+
+
+class NodeShell(FakeShell):
+    """A Proxmox node `pve1` for the reboot's FunctionCommand (FakeShell's answers and facts)."""
+
+    print_prefix = "[pve1] "
+    name = "pve1"
+
+
+def node_reboot(monkeypatch: pytest.MonkeyPatch, facts: Mapping[type, object]) -> NodeShell:
+    """The driver's reboot on the node, with the old module still loaded after the install."""
+    decide_from(monkeypatch, host_state(module=LoadedModule("open", "580.65.06")))
+    commands, _ = run_op(
+        driver_module, {}, driver=DriverSpec(allow_reboot=True), installing=True, guard=GUARD
+    )
+    shell = NodeShell({"cat": [OLD_FILE]}, facts)
+    call(commands[0], shell)
+    return shell
+
+
+def test_error_driver_reboot_on_a_node_with_a_foreign_running_guest_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(OperationError) as error:
+        node_reboot(monkeypatch, {NodeGuestList: FOREIGN})
+    assert str(error.value) == REFUSED
+
+
+def test_driver_reboot_on_a_node_reads_the_guests_with_the_inventorys_and_the_next_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("pvegpu.operations.reboot._DELAY_S", 0.0)
+    facts: dict[type, object] = {NodeGuestList: NodeGuests((OURS,)), NextBoot: BOOT_OK}
+    decide_from(monkeypatch, host_state(module=LoadedModule("open", "580.65.06")))
+    commands, _ = run_op(
+        driver_module, {}, driver=DriverSpec(allow_reboot=True), installing=True, guard=GUARD
+    )
+    shell = NodeShell({"cat": [OLD_FILE]}, facts)
+    original = shell.run_shell_command
+
+    def run(command: Any, print_output: bool = False) -> Any:
+        if command.get_raw_value() == REBOOT:
+            shell.answers = {"cat": [OPEN_580_FILE]}  # the new module is loaded at boot
+        return original(command, print_output)
+
+    monkeypatch.setattr(shell, "run_shell_command", run)
+    call(commands[0], shell)
+    assert shell.read == [("NodeGuestList", {"node": "pve1", "own": (("CT", 300),)}), ("NextBoot", {})]
+    cat = "cat /proc/driver/nvidia/version 2>/dev/null || true"
+    assert shell.ran == [cat, REBOOT, "<disconnect>", "<connect>", cat]
+
+
+def test_error_driver_reboot_onto_a_kernel_without_the_module_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    newer = "6.14.8-2-pve"
+    boot = KernelBoot(KERNEL, (KERNEL, newer), None, None, {KERNEL: ("580.95.05",)})
+    with pytest.raises(OperationError) as error:
+        node_reboot(monkeypatch, {NodeGuestList: NodeGuests((OURS,)), NextBoot: boot})
+    assert str(error.value) == (
+        f"pve1: reboot refused: kernel {newer} (next boot) has no NVIDIA module 580.95.05 built by DKMS "
+        f"(built: none): apt install proxmox-headers-{newer}, then dkms autoinstall -k {newer}; or pin the "
+        f"running kernel: proxmox-boot-tool kernel pin {KERNEL}"
+    )
+
+
+def test_error_driver_role_refuses_a_certain_reboot_before_any_operation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another module loaded: only a reboot replaces it, so the role refuses while it collects."""
+    decide_from(monkeypatch, host_state(module=LoadedModule("open", "580.65.06")))
+    with pytest.raises(OperationError) as error:
+        refuse_driver_reboot(FakeHost({NodeGuestList: FOREIGN}), DriverSpec(allow_reboot=True), GUARD)  # type: ignore[arg-type]
+    assert str(error.value) == REFUSED
+
+
+@pytest.mark.parametrize(
+    ("loaded", "allow"),
+    [(None, True), (LoadedModule("open", "580.95.05"), True), (LoadedModule("open", "1.0"), False)],
+)
+def test_driver_role_reads_nothing_when_no_reboot_is_certain(
+    monkeypatch: pytest.MonkeyPatch, loaded: LoadedModule | None, allow: bool
+) -> None:
+    """Nothing loaded (the new module may just load), the pinned one, or no reboot allowed: no guard read."""
+    decide_from(monkeypatch, host_state(module=loaded))
+    refuse_driver_reboot(FakeHost({}), DriverSpec(allow_reboot=allow), GUARD)  # type: ignore[arg-type]
 
 
 # --- device_nodes_present ------------------------------------------------------------------------------
@@ -314,3 +425,24 @@ def test_noop_lxc_nothing_served_from_the_host() -> None:
         allow_stop=False,
     )
     assert (commands, noops) == ([], ["SGLang does not serve from this host (the container serves)"])
+
+
+def test_error_a_guests_driver_reboot_onto_its_kernel_without_the_module_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A VM guest (no guard): its distribution's next kernel must have the module; the fix is Debian's."""
+    guest_kernel, newer = "6.1.0-28-amd64", "6.1.0-31-amd64"
+    boot = KernelBoot(guest_kernel, (guest_kernel, newer), None, None, {guest_kernel: ("580.95.05",)})
+    decide_from(monkeypatch, host_state(module=LoadedModule("open", "580.65.06")))
+    commands, _ = run_op(driver_module, {}, driver=DriverSpec(allow_reboot=True), installing=True)
+    shell = NodeShell({"cat": [OLD_FILE]}, {NextBoot: boot})
+    shell.name = "gpu-vm"
+    with pytest.raises(OperationError) as error:
+        call(commands[0], shell)
+    assert str(error.value) == (
+        f"gpu-vm: reboot refused: kernel {newer} (next boot) has no NVIDIA module 580.95.05 built by DKMS "
+        f"(built: none): apt install linux-headers-{newer}, then dkms autoinstall -k {newer}; or keep "
+        f"booting {guest_kernel} (GRUB_DEFAULT)"
+    )
+    assert shell.read == [("NextBoot", {})]
+    assert REBOOT not in shell.ran

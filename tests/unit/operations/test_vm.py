@@ -540,3 +540,37 @@ def test_error_create_whose_task_was_killed_says_so_from_the_read_back() -> None
         "lock with `qm unlock 100` there, then run again"
     )
     assert len(api.writes()) == 1
+
+
+def test_a_token_without_a_root_path_is_refused_a_root_only_key_root_wrote_before_anything_is_sent() -> None:
+    """`vm.self_heal: off` with `pve.root_ssh: false` on a VM whose hookscript root wrote in an earlier run:
+    the PUT would delete it, which Proxmox refuses a token (`only root can set 'hookscript' config`)."""
+    token = "pvegpu@pve!deploy"
+    without_hook = {key: value for key, value in CONFIG.items() if key not in ("hookscript", "args")}
+    api = FakeApi({("GET", CONFIG_PATH): created_config(args=None, cores=8)}, user=token)
+
+    with pytest.raises(OperationError) as error:
+        run_op(
+            q35_vm, {}, api=api.client, node="pve1", vmid=100, config=without_hook, create=CREATE,
+            prefix="gpu", timeout_s=5,
+        )  # fmt: skip
+
+    assert str(error.value) == (
+        "VM 100: the API token pvegpu@pve!deploy cannot delete 'hookscript' (Proxmox allows it to root@pam "
+        "only): remove it as root on pve1 (`qm set 100 --delete hookscript`), or let pvegpu reach the node "
+        "as root over SSH (pve.root_ssh: true)"
+    )
+    assert api.writes() == []
+
+
+def test_a_token_without_a_root_path_is_refused_setting_a_root_only_key() -> None:
+    api = FakeApi({("GET", CONFIG_PATH): created_config(args=None)}, user="pvegpu@pve!deploy")
+
+    with pytest.raises(OperationError) as error:
+        converge(api)
+
+    assert str(error.value) == (
+        "VM 100: the API token pvegpu@pve!deploy cannot set 'args' (Proxmox allows it to root@pam only): "
+        "let pvegpu reach the node as root over SSH (pve.root_ssh: true)"
+    )
+    assert api.writes() == []

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu.models.pve import StorageVolume, TaskStatus
+from pvegpu.models.pve import BackupJob, ReplicationJob, StorageVolume, TaskStatus
 from pvegpu.plan.create_proof import (
     CLOCK_SKEW_S,
     CreateRecord,
     CreateVolumes,
     Ownership,
+    backup_jobs_of,
     carries_nonce,
     create_storages,
     create_volumes,
+    held_by,
     newest_task,
     ownership,
     start_time,
@@ -244,4 +246,47 @@ def test_create_volumes_are_those_of_its_vmid_since_the_record_less_the_skew() -
     ]
     assert create_volumes(volumes, 100, record) == CreateVolumes(
         ours=("s:vm-100-disk-0",), older=("s:vm-100-disk-1", "s:vm-100-disk-2")
+    )
+
+
+@pytest.mark.parametrize(
+    ("sids", "jobs", "held"),
+    [
+        pytest.param((), (), None, id="nothing"),
+        pytest.param(("vm:101", "ct:100"), (ReplicationJob("101-0", 101),), None, id="other-guests"),
+        pytest.param(("vm:100",), (), "it is HA resource vm:100", id="ha"),
+        pytest.param(
+            (), (ReplicationJob("100-0", 100),), "replication job 100-0 replicates it", id="one-job"
+        ),
+        pytest.param(
+            ("vm:100",),
+            (ReplicationJob("100-1", 100), ReplicationJob("100-0", 100)),
+            "it is HA resource vm:100 and replication jobs 100-0, 100-1 replicate it",
+            id="both",
+        ),
+    ],
+)
+def test_held_by(sids: tuple[str, ...], jobs: tuple[ReplicationJob, ...], held: str | None) -> None:
+    assert held_by(sids, jobs, "vm:100", 100) == held
+
+
+def test_backup_jobs_of_as_vzdump_selects_guests() -> None:
+    """PVE::VZDump get_included_guests: `pool` first, else the `vmid` list, else `all` but `exclude`; a job
+    limited to another node leaves the guest out."""
+    jobs = (
+        BackupJob("listed", vmids=(101, 100)),
+        BackupJob("not-listed", vmids=(101,), all=True),  # a vmid list wins over `all`
+        BackupJob("all", all=True, exclude=(101,)),
+        BackupJob("excluded", all=True, exclude=(100,)),
+        BackupJob("elsewhere", vmids=(100,), node="pve2"),
+        BackupJob("here", vmids=(100,), node="pve1", enabled=False),
+        BackupJob("pool", pool="gpu", vmids=(101,)),  # a pool wins over the vmid list
+        BackupJob("none"),  # neither: no guest
+    )
+
+    assert backup_jobs_of(jobs, 100, "pve1") == (
+        "listed (vmid list)",
+        "all (all guests)",
+        "here (vmid list, disabled)",
+        "pool (pool gpu, if the pool holds it)",
     )

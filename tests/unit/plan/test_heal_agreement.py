@@ -1,6 +1,7 @@
 """`pvegpu mapping --against` and the node's pre-start hook decide alike, on every ordered pair of lab boxes
-with the reference's cards (every lab topology with an NVIDIA GPU): the pci.cfg `pvegpu mapping` writes for
-`before` (where it writes one), decided on the tree of `after`.
+with the reference's cards (every lab topology with an NVIDIA GPU): the pci.cfg `pvegpu mapping --owner lab`
+writes for `before` (where it writes one: marked as pvegpu's), decided on the tree of `after`, by both with
+the same owner id.
 
 The CLI runs as the operator runs it (`python -m pvegpu`, a subprocess); the hook's side is its decision
 code (pvegpu/hook/decide.py) on the same file and tree, for a VM that maps every GPU. Per pair: the hook's
@@ -33,7 +34,8 @@ from tests.unit.proxmox_mapping_check import check_node
 REPO = Path(__file__).resolve().parents[3]
 NODE = "pve1"
 WORKERS = os.cpu_count() or 2  # the CLI runs are subprocesses: side by side, one per core
-START = Start(100, NODE, Mode.REPAIR, "gpu")
+OWNER = "lab"
+START = Start(100, NODE, Mode.REPAIR, "gpu", OWNER)
 BOXES = tuple(name for name in TOPOLOGIES if name != "qemu-probe")  # qemu-probe has no NVIDIA card
 # `pvegpu mapping` refuses shared-with-nic's gpu3 (its group holds a NIC): it is only ever the box after.
 BEFORE = tuple(name for name in BOXES if name != "shared-with-nic")
@@ -61,7 +63,7 @@ def boxes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Box]:
 
     def make(name: str) -> Box:
         write_tree(root / name, name)
-        written = cli("mapping", "--node", f"{NODE}={root / name}")
+        written = cli("mapping", "--node", f"{NODE}={root / name}", "--owner", OWNER)
         cfg = None
         if written.returncode == 0:
             cfg = root / f"{name}.cfg"
@@ -81,7 +83,9 @@ def against(boxes: dict[str, Box]) -> dict[tuple[str, str], Against]:
         before, after = pair
         cfg = boxes[before].cfg
         assert cfg is not None
-        return cli("mapping", "--node", f"{NODE}={boxes[after].tree}", "--against", str(cfg))
+        return cli(
+            "mapping", "--node", f"{NODE}={boxes[after].tree}", "--against", str(cfg), "--owner", OWNER
+        )
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         return dict(zip(pairs, pool.map(run, pairs), strict=True))
@@ -193,7 +197,7 @@ def test_single_function_paths_keep_their_shape_in_the_cli_and_the_hook(
     sections = parse_pci_cfg(text).mappings
     config = "".join(f"hostpci{n}: mapping={s.id},pcie=1\n" for n, s in enumerate(sections))
     decision = decide(START, config, sections, renumbered.hw)
-    result = cli("mapping", "--node", f"{NODE}={renumbered.tree}", "--against", str(cfg))
+    result = cli("mapping", "--node", f"{NODE}={renumbered.tree}", "--against", str(cfg), "--owner", OWNER)
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == written(text, decision)

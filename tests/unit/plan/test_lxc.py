@@ -1,13 +1,15 @@
 """plan.lxc: the container's NVIDIA device entries per Proxmox version (exact lines from
-shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3), /proc/devices parsing, and the driver drift check."""
+shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3), /proc/devices parsing, the driver drift check, and
+the container's plan."""
 
 from __future__ import annotations
 
 import pytest
 
 from pvegpu.facts.lxc_devices import parse_proc_devices
+from pvegpu.models.lxc import LxcSpec
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.lxc import LxcDevices, plan_lxc_devices, version_drift
+from pvegpu.plan.lxc import LxcDevices, plan_container, plan_lxc_devices, shm_line, version_drift
 
 CAPS = ("/dev/nvidia-caps/nvidia-cap2", "/dev/nvidia-caps/nvidia-cap1")
 # Synthesized in /proc/devices' format (fs/char_dev.c `%3d %s`), majors as §4.3 reports seen in the wild.
@@ -114,3 +116,29 @@ def test_error_older_proxmox_without_uvm_major() -> None:
 )
 def test_version_drift(host: str | None, container: str | None, problem: str | None) -> None:
     assert version_drift(host, container) == problem
+
+
+SPEC = LxcSpec(vmid=200, ostemplate="local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst")
+
+
+def test_create_container_plan_holds_config_create_keys_raw_lines_and_the_host_module() -> None:
+    plan = plan_container(SPEC, 2, (8, 1), (), {}, host_module="580.95.05")
+    assert plan.waiting is None
+    assert (plan.config["dev0"], plan.config["dev1"]) == ("/dev/nvidia0,gid=44", "/dev/nvidia1,gid=44")
+    assert plan.create["ostemplate"] == SPEC.ostemplate
+    assert plan.raw == (shm_line(SPEC.shm_gib),)
+    assert plan.host_module == "580.95.05"
+
+
+def test_noop_container_plan_waits_for_the_uvm_major_while_no_module_is_loaded() -> None:
+    plan = plan_container(SPEC, 2, (8, 0), (), {"nvidia": 195}, host_module=None)
+    assert plan.waiting == (
+        "container not converged yet: host: /proc/devices has no nvidia-uvm major (nvidia_uvm not loaded?): "
+        "cannot write the lxc.cgroup2 lines Proxmox 8.0 needs; run again"
+    )
+    assert (plan.config, plan.create, plan.raw) == ({}, {}, ())
+
+
+def test_error_container_plan_refuses_missing_majors_once_the_module_is_loaded() -> None:
+    with pytest.raises(PlanError, match="has no nvidia-uvm major"):
+        plan_container(SPEC, 2, (8, 0), (), {"nvidia": 195}, host_module="580.95.05")

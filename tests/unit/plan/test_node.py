@@ -1,5 +1,5 @@
-"""plan.node: one plan per host (specs, topology, the profile's functions, mapping ids, vfio/MMIO plans and
-the profile's steps), and plan.profile's steps by profile and group."""
+"""plan.node: one plan per host (specs, topology, the profile's functions, mapping ids, vfio/MMIO plans, the
+VM's plan and the profile's steps), and plan.profile's steps by profile and group."""
 
 from __future__ import annotations
 
@@ -9,15 +9,20 @@ import pytest
 
 from pvegpu.models.boot import CpuKernel
 from pvegpu.models.groups import BAREMETAL_HOSTS, LXC_GUESTS, PVE_NODES, VM_GUESTS
+from pvegpu.models.hardware import HostHardware
 from pvegpu.models.specs import host_specs
+from pvegpu.models.vm import VmSpec
+from pvegpu.plan.mmio import mmio_refusal
 from pvegpu.plan.node import NodeObserved, plan_node
 from pvegpu.plan.profile import NodeSteps, ServingSteps, node_steps, serving_steps
+from pvegpu.plan.vm import VmPlan, storages_used
 from tests.unit.hostdata import RTX, two_cards
 
 BOTH = ("0000:41:00.0", "0000:41:00.1", "0000:51:00.0", "0000:51:00.1")
 NODE = {"name": "pve1", "gpus": {"ids": [RTX], "count": 2}}
 VM = {"vmid": 100, "name": "llm", "cores": 4, "memory": 8192}
 AMD_6_8 = CpuKernel("amd", (6, 8))
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIN5HcbcUQrpSUxW4nw/rMoAjNHG/aykHEZ6M+9fVDl2P you@desk"
 
 
 def data(profile: str = "vm", **more: Any) -> dict[str, Any]:
@@ -111,3 +116,91 @@ def test_node_steps_by_profile(profile: str, has_container: bool, expected: Node
 )
 def test_serving_steps_by_group(groups: set[str], expected: ServingSteps | None) -> None:
     assert serving_steps(frozenset(groups), None) == expected
+
+
+def vm_plan(specs_data: dict[str, Any], hardware: HostHardware | None = None) -> VmPlan:
+    plan = plan_node(
+        "pve1", host_specs(specs_data), frozenset({PVE_NODES}), NodeObserved(hardware or two_cards(), AMD_6_8)
+    )
+    assert plan.vm is not None
+    return plan.vm
+
+
+def test_create_vm_plan_holds_config_create_keys_clique_storages_and_what_is_unbound() -> None:
+    vm = vm_plan(data(vm=VM))
+    clique = "-set device.hostpci0.x-nv-gpudirect-clique=0 -set device.hostpci1.x-nv-gpudirect-clique=0"
+    assert (vm.spec.vmid, vm.clique, vm.problem) == (100, clique, None)
+    assert (vm.config["hostpci0"], vm.config["hostpci1"]) == ("mapping=gpu0,pcie=1", "mapping=gpu1,pcie=1")
+    assert "args" not in vm.config  # vm.p2p off (the default), no MMIO window for these BARs
+    assert vm.config["hookscript"] == "local:snippets/pvegpu-hook"
+    assert vm.create == {
+        "efidisk0": "local-lvm:1,efitype=4m,pre-enrolled-keys=0",
+        "scsi0": "local-lvm:200,iothread=1",
+        "net0": "virtio,bridge=vmbr0",
+    }
+    assert vm.storages == {"local": ["snippets"]}
+    assert vm.unbound == (
+        "0000:41:00.0 (nvidia)",
+        "0000:41:00.1 (snd_hda_intel)",
+        "0000:51:00.0 (nvidia)",
+        "0000:51:00.1 (snd_hda_intel)",
+    )
+    assert vm_plan(data(vm=VM), two_cards("vfio-pci")).unbound == ()
+
+
+def test_create_vm_plan_sets_the_clique_in_args_with_p2p_on() -> None:
+    vm = vm_plan(data(vm={**VM, "p2p": "on"}))
+    assert vm.config["args"] == vm.clique != ""
+
+
+def test_noop_no_vm_plan_without_vm_data_nor_off_a_proxmox_node() -> None:
+    node = plan_node("pve1", host_specs(data()), frozenset({PVE_NODES}), NodeObserved(two_cards(), AMD_6_8))
+    guest = plan_node("llm", host_specs(data(vm=VM)), frozenset({VM_GUESTS}), NodeObserved(two_cards()))
+    assert (node.vm, guest.vm) == (None, None)
+
+
+def test_error_vm_plan_problem_names_the_gpus_that_cannot_be_passed_first() -> None:
+    selector = {"name": "pve1", "profile": "vm", "gpus": {"ids": ["10de:ffff"]}}
+    vm = vm_plan({"node": selector, "vm": VM})
+    assert vm.problem == "the GPUs cannot be passed: no display function has id 10de:ffff"
+
+
+def test_error_vm_plan_problem_refuses_mmio_args_without_a_root_path() -> None:
+    pve = {"backend": "https", "token_id": "pvegpu@pve!deploy", "token_file": "/t", "root_ssh": False}
+    vm = vm_plan(data(vm={**VM, "mmio": "args"}, pve=pve))
+    assert vm.problem == mmio_refusal("args", None) is not None
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        (None, {}),
+        ({"volume": "local:import/debian-12.qcow2"}, {"local": ["snippets"]}),
+        (
+            {"url": "https://images.example/debian-12.qcow2", "checksum": "ab" * 64, "storage": "images"},
+            {"local": ["snippets"], "images": ["import"]},
+        ),
+        (
+            {"url": "https://images.example/debian-12.qcow2", "checksum": "ab" * 64, "storage": "local"},
+            {"local": ["import", "snippets"]},
+        ),
+    ],
+)
+def test_storages_used_name_the_content_types_the_vm_needs(
+    image: dict[str, str] | None, expected: dict[str, list[str]]
+) -> None:
+    spec = VmSpec.model_validate({"vmid": 100, "self_heal": "off", "image": image, "ssh_public_keys": [KEY]})
+    assert storages_used(spec) == expected
+
+
+def test_update_retired_tokens_are_those_pvegpu_owned_and_the_profile_no_longer_wants() -> None:
+    owned = ("intel_iommu=on", "iommu=pt", "vfio-pci.ids=10de:2bb1")
+    observed = NodeObserved(two_cards("vfio-pci"), AMD_6_8, owned_tokens=owned)
+    plan = plan_node("pve1", host_specs(data(vm=VM)), frozenset({PVE_NODES}), observed)
+    assert plan.host is not None
+    assert plan.host.tokens == ("amd_iommu=on", "iommu=pt")
+    assert plan.retired == ("intel_iommu=on", "vfio-pci.ids=10de:2bb1")
+    guest = plan_node(
+        "llm", host_specs(data()), frozenset({VM_GUESTS}), NodeObserved(two_cards(), None, owned)
+    )
+    assert guest.retired == ()

@@ -33,10 +33,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
 from pvegpu.models.pve import (
+    BackupJob,
     GuestConfig,
     MappingCheck,
     MappingState,
     PciMapping,
+    ReplicationJob,
     Severity,
     VmStatus,
 )
@@ -314,6 +316,50 @@ def test_vm_config_status_and_lxc() -> None:
     )
     assert api.vm_status("pve1", 100) == VmStatus(100, "stopped", "stopped", "llm")
     assert api.lxc_config("pve1", 200).values["lxc"] == [["lxc.cgroup2.devices.allow", "c 195:* rwm"]]
+
+
+def test_what_holds_a_guest_ha_replication_and_backup_jobs() -> None:
+    """pve-ha-manager API2/HA/Resources.pm `index` (each section with `sid`, `type`, its options, `digest`),
+    pve-manager API2/ReplicationConfig.pm `index` (ReplicationConfig.pm parse_config: integer `guest`,
+    `jobnum`) and API2/Backup.pm `index` (jobs.cfg's vzdump sections: `vmid`/`exclude` pve-vmid-lists,
+    `all`/`enabled` booleans as 1/0, plus `next-run`)."""
+    ha = [
+        {"digest": DIGEST, "sid": "vm:100", "state": "started", "type": "vm"},
+        {"sid": "ct:101", "type": "ct"},
+    ]
+    replication = [
+        {"guest": 100, "id": "100-0", "jobnum": 0, "schedule": "*/15", "target": "pve2", "type": "local"}
+    ]
+    backup = [
+        {"all": 1, "enabled": 1, "exclude": "101,102", "id": "backup-5f3c2a1b-7d4e", "mode": "snapshot",
+         "next-run": 1721941200, "schedule": "21:00", "storage": "local", "type": "vzdump"},
+        {"enabled": 0, "id": "listed", "node": "pve1", "type": "vzdump", "vmid": "100 101;102"},
+        {"id": "pooled", "pool": "gpu", "type": "vzdump"},
+    ]  # fmt: skip
+    api, pvesh = client(*((json.dumps(x, sort_keys=True) + "\n", "", 0) for x in (ha, replication, backup)))
+
+    assert api.ha_resources() == ("vm:100", "ct:101")
+    assert api.replication_jobs() == (ReplicationJob("100-0", 100),)
+    assert api.backup_jobs() == (
+        BackupJob("backup-5f3c2a1b-7d4e", all=True, exclude=(101, 102)),
+        BackupJob("listed", vmids=(100, 101, 102), node="pve1", enabled=False),
+        BackupJob("pooled", pool="gpu"),
+    )
+    assert [argv[1:3] for argv in pvesh.calls] == [
+        ["get", "/cluster/ha/resources"],
+        ["get", "/cluster/replication"],
+        ["get", "/cluster/backup"],
+    ]
+
+
+def test_error_backup_job_with_a_vmid_list_that_is_not_one() -> None:
+    api, _ = client(('[{"id": "b", "type": "vzdump", "vmid": "100,abc"}]\n', "", 0))
+    with pytest.raises(PveError) as error:
+        api.backup_jobs()
+    assert error.value.line == (
+        'GET /cluster/backup: expected an integer \'vmid\', got \'[{"id": "b", "type": "vzdump", '
+        '"vmid": "100,abc"}]\''
+    )
 
 
 def test_error_upid_node_refuses_non_upid() -> None:

@@ -1,5 +1,5 @@
 """The lab's access-control stand-in (lab/pve/access.py) and the pvesh stand-in's permission checks when an
-API token calls (pvesh.call_api, as the pveproxy stand-in calls it): ACL paths, propagation, NoAccess,
+API token calls (pvelib.api.call_api, as the pveproxy stand-in calls it): ACL paths, propagation, NoAccess,
 privilege-separated tokens, each root-only key refused with qemu-server's text on create, update and delete,
 `host=` passthrough, Mapping.Use, skiplock, Sys.Audit and other users' tasks, `GET /access/permissions`."""
 
@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
-from lab.pve import access, api_setup, pvesh
+from lab.pve import access, api_setup
+from lab.pve.pvelib.api import PERMISSIONS, ROUTES, call_api, route_template
+from lab.pve.pvelib.errors import DieError, ParamError
+from lab.pve.pvelib.settings import Settings
 from pvegpu.models.pve_privileges import PVE_PRIVILEGES, privilege_names
 
 TOKEN = "pvegpu@pve!deploy"
@@ -134,7 +137,7 @@ def test_seeded_role_holds_exactly_pvegpus_privileges() -> None:
 
 @dataclass
 class Node:
-    settings: pvesh.Settings
+    settings: Settings
 
     @property
     def root(self) -> Path:
@@ -143,7 +146,7 @@ class Node:
     def call(self, user: str, cmd: str, api_path: str, **raw: Any) -> Any:
         rpcenv = access.RpcEnv.load(self.root, user)
         params = {key.replace("_", "-"): value for key, value in raw.items()}
-        return pvesh.call_api(self.settings, rpcenv, cmd, api_path, params)
+        return call_api(self.settings, rpcenv, cmd, api_path, params)
 
     def conf(self, vmid: int, text: str) -> None:
         path = self.root / f"etc/pve/qemu-server/{vmid}.conf"
@@ -153,7 +156,7 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Node:
-    settings = pvesh.Settings(NODE, tmp_path / "sys", tmp_path / "root", None, 1.0, "9.0.3", "9.0")
+    settings = Settings(NODE, tmp_path / "sys", tmp_path / "root", None, 1.0, "9.0.3", "9.0")
     api_setup.write_access(settings.root, "s3cret")
     hook = settings.root / "var/lib/vz/snippets/pvegpu-hook.pl"
     hook.parent.mkdir(parents=True)
@@ -174,7 +177,7 @@ CONFIG = "/nodes/pve1/qemu/100/config"
 
 @pytest.mark.parametrize("key", sorted(ROOT_ONLY))
 def test_error_token_create_with_a_root_only_key(node: Node, key: str) -> None:
-    with pytest.raises(pvesh.DieError) as refused:
+    with pytest.raises(DieError) as refused:
         node.call(TOKEN, "create", "/nodes/pve1/qemu", vmid="100", name="vm", **{key: ROOT_ONLY[key]})
     assert refused.value.text == f"only root can set '{key}' config\n"
     assert not (node.root / "etc/pve/qemu-server/100.conf").exists()
@@ -184,7 +187,7 @@ def test_error_token_create_with_a_root_only_key(node: Node, key: str) -> None:
 @pytest.mark.parametrize("key", sorted(ROOT_ONLY))
 def test_error_token_update_with_a_root_only_key(node: Node, key: str) -> None:
     node.conf(100, "name: vm\n")
-    with pytest.raises(pvesh.DieError) as refused:
+    with pytest.raises(DieError) as refused:
         node.call(TOKEN, "set", CONFIG, **{key: ROOT_ONLY[key]})
     assert refused.value.text == f"only root can set '{key}' config\n"
     assert (node.root / "etc/pve/qemu-server/100.conf").read_text() == "name: vm\n"
@@ -194,7 +197,7 @@ def test_error_token_update_with_a_root_only_key(node: Node, key: str) -> None:
 @pytest.mark.parametrize("key", sorted(ROOT_ONLY))
 def test_error_token_delete_of_a_root_only_key(node: Node, key: str) -> None:
     node.conf(100, f"name: vm\n{key}: {ROOT_ONLY[key]}\n")
-    with pytest.raises(pvesh.DieError) as refused:
+    with pytest.raises(DieError) as refused:
         node.call(TOKEN, "set", CONFIG, delete=key)
     assert refused.value.text == f"only root can set '{key}' config\n"
 
@@ -215,15 +218,15 @@ def test_root_sets_and_deletes_every_root_only_key_and_the_log_names_root(node: 
 
 def test_error_token_host_passthrough_on_create_update_and_delete(node: Node) -> None:
     text = "only root can set 'hostpci0' config for non-mapped devices\n"
-    with pytest.raises(pvesh.DieError) as create:
+    with pytest.raises(DieError) as create:
         node.call(TOKEN, "create", "/nodes/pve1/qemu", vmid="101", hostpci0="0000:01:00.0,pcie=1")
     node.conf(100, "machine: q35\n")
-    with pytest.raises(pvesh.DieError) as update:
+    with pytest.raises(DieError) as update:
         node.call(TOKEN, "set", CONFIG, hostpci0="host=0000:01:00.0")
     node.conf(100, "hostpci0: 0000:01:00.0\nmachine: q35\n")
-    with pytest.raises(pvesh.DieError) as delete:
+    with pytest.raises(DieError) as delete:
         node.call(TOKEN, "set", CONFIG, delete="hostpci0")
-    with pytest.raises(pvesh.DieError) as replace:  # a mapped device replacing a raw one: the old one counts
+    with pytest.raises(DieError) as replace:  # a mapped device replacing a raw one: the old one counts
         node.call(TOKEN, "set", CONFIG, hostpci0="mapping=gpu0")
     assert [e.value.text for e in (create, update, delete, replace)] == [text] * 4
 
@@ -248,7 +251,7 @@ def test_error_token_skiplock_on_unlock_start_and_destroy(node: Node) -> None:
         ("delete", "/nodes/pve1/qemu/100", {"skiplock": "1"}),
     ]
     for cmd, path, raw in calls:
-        with pytest.raises(pvesh.ParamError) as refused:
+        with pytest.raises(ParamError) as refused:
             node.call(TOKEN, cmd, path, **raw)
         assert refused.value.errors == {"skiplock": "Only root may use this option."}
 
@@ -337,7 +340,7 @@ def test_lxc_device_passthrough_is_root_only(node: Node) -> None:
 
 
 def test_every_route_has_its_permissions_clause() -> None:
-    routes = {(endpoint.method, pvesh.route_template(pattern)) for _, pattern, endpoint in pvesh.ROUTES}
-    assert len(routes) == len(pvesh.ROUTES)
-    assert routes - set(pvesh.PERMISSIONS) == set()
+    routes = {(endpoint.method, route_template(pattern)) for _, pattern, endpoint in ROUTES}
+    assert len(routes) == len(ROUTES)
+    assert routes - set(PERMISSIONS) == set()
     assert ("PUT", "/nodes/{node}/qemu/{vmid}/config") in routes

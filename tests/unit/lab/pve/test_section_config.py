@@ -4,7 +4,8 @@ error a warning, the first value kept); `map`, an array property, keeps every li
 
 from __future__ import annotations
 
-from lab.pve.pvesh import parse_mapping_cfg, parse_storage_cfg
+from lab.pve.pvelib.sectionconfig import parse_mapping_cfg
+from lab.pve.pvelib.storage import parse_storage_cfg
 from pvegpu.facts.pci_cfg import parse_pci_cfg
 
 MAP_A = "id=10de:2bb1,iommugroup=7,node=node,path=0000:41:00"

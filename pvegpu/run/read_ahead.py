@@ -3,11 +3,11 @@
 The VM's config, the storages its files use and the PCI mappings with this node's checks (when this node
 syncs them) are answered from the files the node's one read brought (pvegpu/run/node_state.py,
 pvegpu/facts/pve_files.py; pvegpu.pve.host_client `seed`), and the VM's status from its QEMU process in
-that read
-(`seed_status`: while nothing ran on the node and pvegpu wrote nothing through the API), else sent
-(`read_ahead`).
-Each operation then takes its answer from its first read, so the reads cost at most one round trip together,
-not one each."""
+that read (`seed_status`: while nothing ran on the node and pvegpu wrote nothing through the API), else sent
+(`read_ahead`). Each operation then takes its answer from its first read, so the reads cost at most one
+round trip together, not one each. deploy/vm.py, deploy/rebuild_vm.py and roles/site.py run
+`read_vm_resources_ahead` first on a node with the `vm` step.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from pyinfra.context import host
 from pvegpu.facts.node_read import STORAGE_CFG
 from pvegpu.facts.pve_files import mappings_answer, qemu_config_answer, qemu_status_answer, storage_answer
 from pvegpu.models.specs import host_specs
+from pvegpu.plan.vm import storages_used
 from pvegpu.pve.client import PveClient
 from pvegpu.pve.host_client import pve_client, read_ahead, seed, seed_status
 from pvegpu.run.node_state import MAPPING_CFG, node_state_of, unchanged_node_state, vm_config_path
-from roles.pci_mapping import syncs_mappings
-from roles.snippets import storages_used
+from pvegpu.run.plan import syncs_mappings
 
 Read = Callable[[PveClient], object]
 

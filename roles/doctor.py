@@ -18,7 +18,7 @@ from pvegpu.models.node import NodeSpec
 from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.heal import Health, plan_heal
 from pvegpu.plan.host_checks import checks_to_json, host_checks, render_checks
-from pvegpu.plan.kernel_guard import kernel_problems, next_boot_kernel
+from pvegpu.plan.kernel_guard import next_boot_report
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.privileges import (
@@ -71,14 +71,10 @@ def node_report() -> None:
 def _next_boot(plan: NodePlan) -> None:
     """On a host serving from its own NVIDIA driver: whether the kernel it boots next has the module the
     pinned driver needs (plan/kernel_guard.py), or what is missing and the fix."""
-    version = plan.specs.driver.version
-    boot = next_boot(host)
-    problems = kernel_problems(boot, version, proxmox=plan.is_pve_node)
-    for problem in problems:
-        logger.warning(f"{host.print_prefix}next boot: {problem}")
-    if not problems:
-        release = next_boot_kernel(boot)
-        logger.info(f"{host.print_prefix}next boot: kernel {release}: NVIDIA module {version} built by DKMS")
+    ok, lines = next_boot_report(next_boot(host), plan.specs.driver.version, proxmox=plan.is_pve_node)
+    log = logger.info if ok else logger.warning
+    for line in lines:
+        log(f"{host.print_prefix}next boot: {line}")
 
 
 def _token_privileges(plan: NodePlan) -> None:

@@ -45,44 +45,60 @@ from pvegpu.plan.driver import (
     PERSISTENCED,
     PREFERENCES,
     UVM_OPTIONS,
+    DriverPlan,
     Placement,
-    apt_source_line,
-    cuda_distro,
-    cuda_list_path,
-    disables_hmm,
-    driver_packages,
-    flavour_problems,
-    keyring_url,
 )
-from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import device_nodes
-from pvegpu.plan.reboot import reboot_guard
+from pvegpu.run.driver import driver_plan_of
 from pvegpu.run.host_state import state_of
-from pvegpu.run.plan import plan_failures, plan_of
+from pvegpu.run.plan import plan_failures
 
 
 @deploy("Install the NVIDIA driver")
 def nvidia_driver(placement: Placement = "guest") -> None:
     """CUDA repository, pinned packages for `placement`, then what the placement needs (module docstring)."""
-    plan = plan_of(host)
-    node, driver = plan.specs.node, plan.specs.driver
-    observed = state_of(host)
-    release = observed.os_release
     with plan_failures(host):
-        problems = flavour_problems(driver, node.gpus.ids)
-        if problems:
-            raise PlanError("\n".join(problems))
-        distro = cuda_distro(release.get("ID"), release.get("VERSION_ID"))
-    container = placement == "container"
-    guard = reboot_guard(plan.specs) if placement == "pve-host" else None
-    if guard is not None:  # refused here, while operations are collected: nothing of this run is written yet
-        refuse_driver_reboot(host, driver, guard)
+        plan = driver_plan_of(host, placement)
+    driver, container = plan.driver, plan.container
+    if plan.guard is not None:  # refused while operations are collected: nothing of this run is written yet
+        refuse_driver_reboot(host, driver, plan.guard)
+    _pinned_repository(plan)
+    what = "userspace (no kernel module)" if container else "driver with its kernel module (dkms)"
+    installing = packages(
+        name=f"Install the {driver.flavour} NVIDIA {what} {driver.version}",
+        packages=plan.packages,
+        no_recommends=container,
+        allow_downgrades=True,  # the pin follows driver.version both ways; a container follows its host's
+    ).will_change
+    unit = None if container else _module_side(plan)
+    driver_module(
+        name="Check the host's kernel module is the pinned one"
+        if container
+        else "Load the pinned kernel module (reboot when allowed)",
+        driver=driver,
+        installing=installing,
+        container=container,
+        guard=plan.guard,
+    )
+    if unit is not None:
+        _device_nodes(plan.gpus, unit, installing)
+    driver_verified(
+        name="Verify the GPUs, module flavour and version",
+        driver=driver,
+        gpu_count=plan.gpu_count,
+        installing=installing,
+    )
 
+
+def _pinned_repository(plan: DriverPlan) -> None:
+    """NVIDIA's CUDA apt repository, and apt preferences that pin its driver packages to `driver.version`
+    (in a container: every kernel module package forbidden)."""
+    driver, container = plan.driver, plan.container
     cuda_repository(
         name="Add NVIDIA's CUDA apt repository",
-        source_line=apt_source_line(driver, distro),
-        list_path=cuda_list_path(distro),
-        keyring_url=keyring_url(driver, distro),
+        source_line=plan.source_line,
+        list_path=plan.list_path,
+        keyring_url=plan.keyring_url,
     )
     preferences = render(
         "nvidia_driver/apt-preferences-pvegpu-nvidia.j2",
@@ -97,47 +113,20 @@ def nvidia_driver(placement: Placement = "guest") -> None:
         path=PREFERENCES,
         mode="644",
     )
-    what = "userspace (no kernel module)" if container else "driver with its kernel module (dkms)"
-    installed = packages(
-        name=f"Install the {driver.flavour} NVIDIA {what} {driver.version}",
-        packages=driver_packages(driver, placement, observed.kernel),
-        no_recommends=container,
-    )
-    installing = installed.will_change
-    # The device unit makes a node per GPU the host has (from the topology: `node.gpus.count` may be unset).
-    gpus = len(plan.topology.gpus) if placement == "pve-host" else 0
-    hmm_off = disables_hmm(placement, node.profile)
-    unit = None if container else _module_side(placement, gpus, hmm_off)
-    driver_module(
-        name="Check the host's kernel module is the pinned one"
-        if container
-        else "Load the pinned kernel module (reboot when allowed)",
-        driver=driver,
-        installing=installing,
-        container=container,
-        guard=guard,
-    )
-    if unit is not None:
-        _device_nodes(gpus, unit, installing)
-    driver_verified(
-        name="Verify the GPUs, module flavour and version",
-        driver=driver,
-        gpu_count=node.gpus.count,
-        installing=installing,
-    )
 
 
-def _module_side(placement: Placement, gpus: int, hmm_off: bool) -> OperationMeta | None:
+def _module_side(plan: DriverPlan) -> OperationMeta | None:
     """nouveau off and, with `hmm_off`, nvidia_uvm without HMM (the initramfs refreshed when either file
     changes or an image is older than the blacklist: a run cut before the refresh is finished by the next;
     the uvm file goes first, so the refresh also covers /etc/modprobe.d's new mtime, which the vfio parking
     of pvegpu/operations/vfio.py compares the images with), persistence on; on a Proxmox host the modules and
-    the device unit for boot (returned: its write, which decides a reload and a rerun)."""
+    the device unit for boot (returned: its write, which decides a reload and a rerun); `plan.hmm_off`:
+    nvidia_uvm without HMM."""
     stale = state_of(host).stale_initramfs
     if stale:
         logger.info(f"{host.print_prefix}initramfs older than {NOUVEAU_DROP_IN}: {', '.join(stale)}")
     drop_ins = [("Blacklist nouveau", "modprobe-pvegpu-nouveau.conf.j2", NOUVEAU_DROP_IN)]
-    if hmm_off:
+    if plan.hmm_off:
         uvm = (
             "Turn off nvidia_uvm's HMM (P2P on the host hangs with it)",
             "modprobe-pvegpu-nvidia-uvm.conf.j2",
@@ -153,7 +142,7 @@ def _module_side(placement: Placement, gpus: int, hmm_off: bool) -> OperationMet
         _if=[] if stale else any_changed(*written),
     )
     service(name="Enable and start nvidia-persistenced", service=PERSISTENCED, running=True, enabled=True)
-    if placement != "pve-host":
+    if plan.placement != "pve-host":
         return None
     file_content(
         name="Load the NVIDIA modules at boot",
@@ -163,7 +152,7 @@ def _module_side(placement: Placement, gpus: int, hmm_off: bool) -> OperationMet
     )
     return file_content(
         name=f"Write {DEVICES_SERVICE} (device nodes before guests start)",
-        content=render("nvidia_driver/pvegpu-nvidia-devices.service.j2", gpus=gpus),
+        content=render("nvidia_driver/pvegpu-nvidia-devices.service.j2", gpus=plan.gpus),
         path=DEVICES_UNIT,
         mode="644",
     )

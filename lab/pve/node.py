@@ -78,7 +78,7 @@ CONTAINER_RECORD = "pve-container.json"
 
 
 def settings(host: hosts.LabHost) -> dict[str, object]:
-    """The stand-in's settings for `host` (see lab/pve/pvesh.py)."""
+    """The stand-in's settings for `host` (see lab/pve/pvelib/settings.py)."""
     return {"node": host.name, "sysfs_root": host.sysfs_root, "hypervisor_dir": f"/{HV_DIR}"}
 
 

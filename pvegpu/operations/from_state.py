@@ -98,10 +98,20 @@ def directory(
 
 
 @operation()
-def packages(*, packages: Sequence[str], no_recommends: bool = False) -> Generator[str]:
-    """apt packages (`name` or `name=version`) installed, as pyinfra's apt.packages installs them."""
+def packages(
+    *, packages: Sequence[str], no_recommends: bool = False, allow_downgrades: bool = False
+) -> Generator[str]:
+    """apt packages (`name` or `name=version`) installed, as pyinfra's apt.packages installs them; each
+    pinned package at another version says which (`nvidia-driver-cuda: 590.48.01-1 -> 580.95.05-1`).
+    `allow_downgrades`: the pinned version may be older than the installed one (apt-get -y refuses that
+    otherwise): the NVIDIA driver's, whose version follows `driver.version` both ways."""
     install = "install --no-install-recommends" if no_recommends else "install"
+    if allow_downgrades:
+        install += " --allow-downgrades"
     installed = {name: set(versions) for name, versions in state_of(host).packages.items()}
+    for name, _, version in (package.partition("=") for package in packages if "=" in package):
+        if installed.get(name) and version not in installed[name]:
+            logger.info(f"{host.print_prefix}{name}: {', '.join(sorted(installed[name]))} -> {version}")
     yield from ensure_packages(
         host,
         list(packages),

@@ -20,13 +20,16 @@ No I/O. Problems are operator-facing lines naming the `driver.*` field or the ho
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
+from pvegpu.models.specs import HostSpecs
 from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.reboot import RebootGuard, reboot_guard
 
 NVIDIA = "10de"
 # Blackwell's first device id (GB100/GB102 0x29xx, GB202 0x2Bxx, GB203 0x2Cxx, GB205-207 0x2Dxx-0x2Fxx);
@@ -55,6 +58,55 @@ PERSISTENCED = "nvidia-persistenced.service"
 # Never installed in a container: the module is the host's (Pin-Priority -1 in its apt preferences).
 KERNEL_PACKAGES = ("nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-open", "cuda-drivers", "dkms")
 Placement = Literal["guest", "pve-host", "container"]
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    """What the driver role installs at `placement` on one host, decided before any host is changed: the
+    CUDA repository for its distribution, the pinned packages, how many device nodes the boot unit makes
+    (`gpus`, a Proxmox node's GPUs: `node.gpus.count` may be unset; 0 elsewhere), whether nvidia_uvm's HMM
+    goes off, the guard a reboot of a Proxmox node passes first (None elsewhere), and how many GPUs the
+    verification expects."""
+
+    driver: DriverSpec
+    placement: Placement
+    source_line: str
+    list_path: str
+    keyring_url: str
+    packages: tuple[str, ...]
+    gpus: int
+    hmm_off: bool
+    guard: RebootGuard | None
+    gpu_count: int | None  # what nvidia-smi must list (`node.gpus.count`; None: not checked)
+
+    @property
+    def container(self) -> bool:
+        return self.placement == "container"
+
+
+def plan_driver(
+    specs: HostSpecs, placement: Placement, os_release: Mapping[str, str], kernel: str, gpus: int
+) -> DriverPlan:
+    """The driver's plan on a host running `kernel` of `os_release` (`/etc/os-release`'s values), with
+    `gpus` device nodes for the boot unit; PlanError for bad data the models cannot see alone: the
+    proprietary flavour for Blackwell ids, a distribution NVIDIA has no repository for."""
+    driver = specs.driver
+    problems = flavour_problems(driver, specs.node.gpus.ids)
+    if problems:
+        raise PlanError("\n".join(problems))
+    distro = cuda_distro(os_release.get("ID"), os_release.get("VERSION_ID"))
+    return DriverPlan(
+        driver=driver,
+        placement=placement,
+        source_line=apt_source_line(driver, distro),
+        list_path=cuda_list_path(distro),
+        keyring_url=keyring_url(driver, distro),
+        packages=driver_packages(driver, placement, kernel),
+        gpus=gpus,
+        hmm_off=disables_hmm(placement, specs.node.profile),
+        guard=reboot_guard(specs) if placement == "pve-host" else None,
+        gpu_count=specs.node.gpus.count,
+    )
 
 
 def disables_hmm(placement: Placement, profile: str) -> bool:

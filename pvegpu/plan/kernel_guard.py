@@ -79,3 +79,17 @@ def module_built_anywhere(boot: KernelBoot, driver_version: str) -> bool:
     """Whether DKMS built `driver_version` for any kernel: the driver is installed, so a kernel without it
     is a kernel installed since (what the guard is for), not a driver still to install."""
     return any(driver_version in versions for versions in boot.built.values())
+
+
+def next_boot_report(
+    boot: KernelBoot, driver_version: str, *, proxmox: bool, installed_only: bool = False
+) -> tuple[bool, tuple[str, ...]]:
+    """The doctor's lines on the next boot: (True, the kernel and its module) when it has the module,
+    else (False, `kernel_problems`). `installed_only`: nothing to say, (True, ()), until DKMS built
+    `driver_version` for some kernel (a guest whose driver the driver role has yet to install)."""
+    if installed_only and not module_built_anywhere(boot, driver_version):
+        return True, ()
+    problems = kernel_problems(boot, driver_version, proxmox=proxmox)
+    if problems:
+        return False, problems
+    return True, (f"kernel {next_boot_kernel(boot)}: NVIDIA module {driver_version} built by DKMS",)

@@ -83,6 +83,28 @@ def test_packages_installs_only_the_missing_or_other_version(monkeypatch: pytest
     assert noops == ["package dkms is installed (3.0.10-8)"]
 
 
+def test_packages_downgrade_to_the_pin_and_say_each_version_change(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container's userspace back to the host module's older build: apt-get -y refuses a downgrade unless
+    told; each pinned package at another version is named with both."""
+    decide_from(monkeypatch, host_state(packages={"nvidia-driver-cuda": frozenset({"590.48.01-1"})}))
+    with caplog.at_level(logging.INFO):
+        commands, _ = run_op(
+            packages,
+            {},
+            packages=("nvidia-driver-cuda=580.95.05-1",),
+            no_recommends=True,
+            allow_downgrades=True,
+        )
+    assert commands == [
+        'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" -o '
+        'Dpkg::Options::="--force-confold" install --no-install-recommends --allow-downgrades '
+        "nvidia-driver-cuda=580.95.05-1"
+    ]
+    assert "nvidia-driver-cuda: 590.48.01-1 -> 580.95.05-1" in caplog.messages[-1]
+
+
 def test_noop_packages_no_recommends(monkeypatch: pytest.MonkeyPatch) -> None:
     decide_from(monkeypatch, host_state(packages={"python3-venv": frozenset({"3.11.2-1+b1"})}))
     assert run_op(packages, {}, packages=["python3-venv"], no_recommends=True) == (

@@ -15,11 +15,21 @@ from pvegpu.models.node import NodeSpec
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.recipe import Checkpoint
 from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.specs import host_specs
 from pvegpu.operations.render import render
-from pvegpu.plan.driver import apt_source_line, cuda_distro, flavour_problems, keyring_url, verify_problems
+from pvegpu.plan.driver import (
+    DriverPlan,
+    apt_source_line,
+    cuda_distro,
+    flavour_problems,
+    keyring_url,
+    plan_driver,
+    verify_problems,
+)
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.guest import check_guest
 from pvegpu.plan.nccl import plan_nccl
+from pvegpu.plan.reboot import reboot_guard
 from pvegpu.plan.recipe import plan_recipe
 from pvegpu.plan.sglang import plan_sglang_argv
 from pvegpu.plan.sglang_service import exec_start, exec_start_pre
@@ -243,3 +253,54 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         "Environment=SGLANG_LOGGING_CONFIG_PATH=/run/sglang/logging.json",
         "ExecStart=/v/bin/sglang serve --config /run/sglang/secrets.yaml",
     ]
+
+
+LXC_NODE = {
+    "node": {"name": "pve1", "profile": "lxc", "gpus": {"ids": ["10de:2bb1"], "count": 8}},
+    "lxc": {"vmid": 310, "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"},
+    "driver": {"version": "590.48.01"},
+}
+DEBIAN13 = {"ID": "debian", "VERSION_ID": "13"}
+REPO13 = "https://developer.download.nvidia.com/compute/cuda/repos/debian13/x86_64/"
+
+
+def test_driver_plan_of_a_proxmox_node_and_of_its_container() -> None:
+    """The node builds the module for Proxmox's kernels, makes 8 device nodes, turns HMM off and guards its
+    reboot; the container gets userspace alone, no device nodes, no guard."""
+    specs = host_specs(LXC_NODE)
+    node = plan_driver(specs, "pve-host", DEBIAN13, "6.14.8-2-pve", 8)
+    assert node == DriverPlan(
+        driver=specs.driver,
+        placement="pve-host",
+        source_line=f"deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] {REPO13} /\n",
+        list_path="/etc/apt/sources.list.d/cuda-debian13-x86_64.list",
+        keyring_url=f"{REPO13}cuda-keyring_1.1-1_all.deb",
+        packages=(
+            "nvidia-open=590.48.01-1", "nvidia-modprobe=590.48.01-1", "dkms", "proxmox-headers-6.14.8-2-pve",
+            "proxmox-default-headers",
+        ),
+        gpus=8,
+        hmm_off=True,
+        guard=reboot_guard(specs),
+        gpu_count=8,
+    )  # fmt: skip
+    container = plan_driver(specs, "container", DEBIAN13, "6.14.8-2-pve", 0)
+    assert (container.packages, container.gpus, container.hmm_off, container.guard, container.container) == (
+        ("nvidia-driver-cuda=590.48.01-1",), 0, False, None, True
+    )  # fmt: skip
+
+
+def test_error_driver_plan_refuses_the_proprietary_flavour_on_blackwell_and_an_unserved_distribution() -> (
+    None
+):
+    proprietary = host_specs({**LXC_NODE, "driver": {"version": "590.48.01", "flavour": "proprietary"}})
+    with pytest.raises(PlanError) as error:
+        plan_driver(proprietary, "guest", DEBIAN13, "6.12.48+deb13-amd64", 0)
+    assert str(error.value) == (
+        "driver.flavour: the proprietary kernel module does not support Blackwell GPUs (10de:2bb1); use open"
+    )
+    with pytest.raises(PlanError) as error:
+        plan_driver(host_specs(LXC_NODE), "guest", {"ID": "debian", "VERSION_ID": "11"}, "5.10.0-30-amd64", 0)
+    assert str(error.value).startswith(
+        "driver: debian 11 is not a distribution NVIDIA's CUDA repository serves"
+    )

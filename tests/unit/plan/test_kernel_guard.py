@@ -13,7 +13,13 @@ from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.next_boot import NextBoot, parse_next_boot
 from pvegpu.models.boot import KernelBoot
 from pvegpu.operations.reboot import refuse_kernel_without_module
-from pvegpu.plan.kernel_guard import kernel_problems, module_built_anywhere, next_boot_kernel, release_key
+from pvegpu.plan.kernel_guard import (
+    kernel_problems,
+    module_built_anywhere,
+    next_boot_kernel,
+    next_boot_report,
+    release_key,
+)
 
 RUNNING = "6.8.12-9-pve"
 
@@ -153,3 +159,25 @@ def test_reboot_guard_refuses_only_once_the_driver_is_installed() -> None:
     )
     pinned = _Host(boot("6.8.12-9-pve", "6.14.8-2-pve", built={"6.8.12-9-pve": ("590.48.01",)}, pin=RUNNING))
     refuse_kernel_without_module(pinned, "590.48.01", proxmox=True)  # type: ignore[arg-type]
+
+
+def test_next_boot_report_the_doctors_lines() -> None:
+    """A guest's Debian kernels: its next kernel with the module, without it, and before the driver is in."""
+    old, new = "6.1.0-28-amd64", "6.1.0-31-amd64"
+    both = KernelBoot(old, (old, new), None, None, {old: ("580.95.05",), new: ("580.95.05",)})
+    assert next_boot_report(both, "580.95.05", proxmox=False) == (
+        True,
+        (f"kernel {new}: NVIDIA module 580.95.05 built by DKMS",),
+    )
+    missing = KernelBoot(old, (old, new), None, None, {old: ("580.95.05",)})
+    assert next_boot_report(missing, "580.95.05", proxmox=False, installed_only=True) == (
+        False,
+        (
+            f"kernel {new} (next boot) has no NVIDIA module 580.95.05 built by DKMS (built: none): apt "
+            f"install linux-headers-{new}, then dkms autoinstall -k {new}; or keep booting {old} "
+            "(GRUB_DEFAULT)",
+        ),
+    )
+    before = KernelBoot(old, (old,), None, None, {})
+    assert next_boot_report(before, "580.95.05", proxmox=False, installed_only=True) == (True, ())
+    assert next_boot_report(before, "580.95.05", proxmox=False)[0] is False  # the node's doctor says so

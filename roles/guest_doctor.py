@@ -1,0 +1,27 @@
+"""guest_doctor: on a VM's guest, which boots its own distribution's kernel with pvegpu's NVIDIA driver,
+whether the kernel it boots next has the module, as the driver role's reboot requires
+(pvegpu/plan/kernel_guard.py); said once the driver is installed. Read-only: one command (the kernels and
+DKMS's tree). A bare-metal host's next boot is roles/doctor.py's."""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.context import host
+
+from pvegpu.plan.kernel_guard import next_boot_report
+from pvegpu.run.plan import plan_of
+from pvegpu.run.reports import next_boot
+
+
+@deploy("Report the guest's next boot")
+def guest_next_boot() -> None:
+    """A warning per problem of the guest's next kernel (with Debian's fix), or the kernel and its module."""
+    plan = plan_of(host)
+    if plan.specs.node.profile != "vm" or plan.serving is None or plan.serving.driver != "guest":
+        return
+    version = plan.specs.driver.version
+    ok, lines = next_boot_report(next_boot(host), version, proxmox=False, installed_only=True)
+    log = logger.info if ok else logger.warning
+    for line in lines:
+        log(f"{host.print_prefix}next boot: {line}")

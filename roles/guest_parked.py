@@ -17,7 +17,7 @@ from pyinfra.context import host
 
 from pvegpu.models.lxc import LXC_KEY
 from pvegpu.models.vm import VM_KEY
-from pvegpu.operations.pve_guest import CT, VM, GuestKind, Ownership, guest_parked
+from pvegpu.operations.pve_guest import CT, VM, Guest, GuestKind, Ownership, guest_parked
 from pvegpu.plan.ownership import owner_id
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.plan import plan_of
@@ -47,10 +47,7 @@ def guest_parked_role(kind: GuestKind) -> None:
             return
         guest_parked(
             name=f"Stop the {kind.holder} and keep it from starting at boot",
-            kind=kind,
-            api=pve_client(host),
-            node=specs.node.name,
-            vmid=spec.vmid,
+            guest=Guest(kind, pve_client(host), specs.node.name, spec.vmid),
             ownership=Ownership(
                 owner_id(specs.pve.owner, specs.pve.cluster, specs.node.name),
                 spec.adopt,

@@ -42,12 +42,11 @@ def lxc_gpu() -> None:
         return
     spec, timeout_s, api = container.spec, pve.task_timeout_s, pve_client(host)
     ownership = Ownership(owner_id(pve.owner, pve.cluster, node.name), spec.adopt, "lxc.adopt")
-    refuse_foreign(Guest(CT, api, node.name, spec.vmid), ownership)  # before anything of the run is written
+    guest = Guest(CT, api, node.name, spec.vmid)  # the one value every operation below acts on
+    refuse_foreign(guest, ownership)  # before anything of the run is written
     lxc_container(
         name="Create or converge the container with the GPU device entries",
-        api=api,
-        node=node.name,
-        vmid=spec.vmid,
+        guest=guest,
         config=container.config,
         create=container.create,
         timeout_s=timeout_s,
@@ -63,15 +62,11 @@ def lxc_gpu() -> None:
     )
     lxc_raw_lines(
         name="Write the raw lxc lines (devices before Proxmox 8.1, /dev/shm)",
-        api=api,
-        node=node.name,
-        vmid=spec.vmid,
+        guest=guest,
         wanted=container.raw,
         replace=f"{SHM_ENTRY}: {SHM_PREFIX}",
     )
-    guest_running(
-        name="Start the container", kind=CT, api=api, node=node.name, vmid=spec.vmid, timeout_s=timeout_s
-    )
+    guest_running(name="Start the container", guest=guest, timeout_s=timeout_s)
     container_driver(
         name="Check the container's driver equals the host's kernel module",
         vmid=spec.vmid,

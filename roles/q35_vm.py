@@ -36,7 +36,6 @@ from pvegpu.operations.vm import q35_vm, vm_pending
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.vm import VmPlan
-from pvegpu.pve.client import PveClient
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.plan import plan_of, unbound_now
 
@@ -49,17 +48,15 @@ def q35_vm_role() -> None:
     spec, timeout_s = vm.spec, pve.task_timeout_s
     api = pve_client(host)
     ownership = Ownership(owner_id(pve.owner, pve.cluster, node.name), spec.adopt, "vm.adopt")
-    refuse_foreign(Guest(VM, api, node.name, spec.vmid), ownership)  # before anything of the run is written
+    guest = Guest(VM, api, node.name, spec.vmid)  # the one value every operation below acts on
+    refuse_foreign(guest, ownership)  # before anything of the run is written
     storages_offer(api, vm.storages)
-    identity = None if spec.image is None else cloud_image(api, node.name, spec, timeout_s)
+    identity = None if spec.image is None else cloud_image(guest, spec, timeout_s)
     self_heal(api, node, spec, ownership.owner)  # the hookscript exists before the VM's config names it
-    configs = _config(plan, vm, api, ownership)
+    configs = _config(plan, vm, guest, ownership)
     guest_running(
         name="Start the VM and wait until it runs",
-        kind=VM,
-        api=api,
-        node=node.name,
-        vmid=spec.vmid,
+        guest=guest,
         unbound=vm.unbound,
         timeout_s=timeout_s,
         recheck=unbound_now,  # deploy/site.py may reboot the host into vfio binding earlier in the same run
@@ -69,19 +66,15 @@ def q35_vm_role() -> None:
         guest_known(
             name="The guest's address and host key are known",
             identity=identity,
-            api=api,
-            node=node.name,
-            vmid=spec.vmid,
+            guest=guest,
             mac=None,
             timeout_s=timeout_s,
         )
-    changing = (*configs, *_p2p(vm, api, node.name, timeout_s))
+    changing = (*configs, *_p2p(vm, guest, timeout_s))
     # Last: the probe's own restart applies what is pending (choosing `probe` is the consent to it).
     vm_pending(
         name="Apply the VM's pending changes (a cold restart)",
-        api=api,
-        node=node.name,
-        vmid=spec.vmid,
+        guest=guest,
         allow_restart=plan.specs.host.allow_reboot,
         config_changing=lambda: any(op.will_change for op in changing),
         timeout_s=timeout_s,
@@ -101,15 +94,13 @@ def _vm_plan(plan: NodePlan) -> VmPlan:
     return vm
 
 
-def _config(plan: NodePlan, vm: VmPlan, api: PveClient, ownership: Ownership) -> tuple[OperationMeta, ...]:
+def _config(plan: NodePlan, vm: VmPlan, guest: Guest, ownership: Ownership) -> tuple[OperationMeta, ...]:
     """An installed i440FX/SeaBIOS VM converted (only when its guest can boot on OVMF), the VM created or
     converged to the plan's config, its system disk grown: the two config operations."""
-    spec, node, pve = vm.spec, plan.specs.node.name, plan.specs.pve
+    spec, node, pve = vm.spec, guest.node, plan.specs.pve
     converting = q35_conversion(
         name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",
-        api=api,
-        node=node,
-        vmid=spec.vmid,
+        guest=guest,
         config=vm.config,
         create=vm.create,
         prefix=spec.mapping_prefix,
@@ -118,9 +109,7 @@ def _config(plan: NodePlan, vm: VmPlan, api: PveClient, ownership: Ownership) ->
     )
     converged = q35_vm(
         name="Create or converge the Q35 VM",
-        api=api,
-        node=node,
-        vmid=spec.vmid,
+        guest=guest,
         config=vm.config,
         create=vm.create,
         prefix=spec.mapping_prefix,
@@ -128,7 +117,7 @@ def _config(plan: NodePlan, vm: VmPlan, api: PveClient, ownership: Ownership) ->
         # the identity the create runs as (root@pam when it carries a root-only key): its task's user
         ledger=ledger_beside(
             host.data.get(KNOWN_HOSTS_KEY),
-            api.acts_as("POST", f"/nodes/{node}/qemu", {**vm.config, **vm.create}),
+            guest.api.acts_as("POST", f"/nodes/{node}/qemu", {**vm.config, **vm.create}),
             cluster=pve.cluster,
             owner=pve.owner,
             node=node,
@@ -138,16 +127,14 @@ def _config(plan: NodePlan, vm: VmPlan, api: PveClient, ownership: Ownership) ->
     )
     disk_grown(
         name="The VM's system disk has its size",
-        api=api,
-        node=node,
-        vmid=spec.vmid,
+        guest=guest,
         disk="scsi0",
         size_gib=spec.disk.size_gib,
     )
     return converting, converged
 
 
-def _p2p(vm: VmPlan, api: PveClient, node: str, timeout_s: float) -> tuple[OperationMeta, ...]:
+def _p2p(vm: VmPlan, guest: Guest, timeout_s: float) -> tuple[OperationMeta, ...]:
     """GPU peer-to-peer in the VM as `vm.p2p` says (the probe's operation); none with `off`, whose clique
     parts leave with the VM's config."""
     spec = vm.spec
@@ -155,9 +142,7 @@ def _p2p(vm: VmPlan, api: PveClient, node: str, timeout_s: float) -> tuple[Opera
         return ()
     probing = p2p_clique(
         name="GPU peer-to-peer in the VM (vm.p2p)",
-        api=api,
-        node=node,
-        vmid=spec.vmid,
+        guest=guest,
         mode=spec.p2p,
         clique=vm.clique,
         prefix=spec.mapping_prefix,

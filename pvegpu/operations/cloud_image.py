@@ -49,7 +49,7 @@ from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.files import upload_secret_file
 from pvegpu.operations.guest_known import GuestIdentity
-from pvegpu.operations.pve_guest import VM, Guest
+from pvegpu.operations.pve_guest import Guest
 from pvegpu.operations.snippets import snippets_directory
 from pvegpu.plan.cloud_init import image_volid, made_by_cloud_init, snippet_name, static_address, user_data
 from pvegpu.plan.guest_leftovers import left_by_a_create
@@ -215,53 +215,46 @@ def snippet_file(*, path: str, content: str) -> Generator[StringCommand | FileUp
 
 @operation()
 @one_line_errors
-def disk_grown(
-    *, api: PveClient, node: str, vmid: int, disk: str, size_gib: int
-) -> Generator[FunctionCommand]:
-    """VM `vmid`'s `disk` is at least `size_gib` GiB (read from its config's `size=`); grown when smaller,
+def disk_grown(*, guest: Guest, disk: str, size_gib: int) -> Generator[FunctionCommand]:
+    """VM `guest`'s `disk` is at least `size_gib` GiB (read from its config's `size=`); grown when smaller,
     never shrunk. A VM that does not exist yet (`--dry` before the run creates it) is read when the grow
     executes."""
     try:
-        config = Guest(VM, api, node, vmid).config_or_none()
+        config = guest.config_or_none()
     except PveError as error:
-        raise OperationError(f"VM {vmid}: {error.line}") from None
+        raise OperationError(f"VM {guest.vmid}: {error.line}") from None
     if config is None:
-        logger.info(f"{host.print_prefix}VM {vmid} {disk}: grown to {size_gib} GiB once created, if smaller")
-        yield api_command(_grow_created, api, _Disk(node, vmid, disk), size_gib)
+        logger.info(
+            f"{host.print_prefix}VM {guest.vmid} {disk}: grown to {size_gib} GiB once created, if smaller"
+        )
+        yield api_command(_grow_created, guest, disk, size_gib)
         return
     value = config.values.get(disk)
     size = None if value is None else disk_size_gib(str(value))
     if size is None:
-        raise OperationError(f"VM {vmid}: {disk} has no size in its config ({value!r})")
+        raise OperationError(f"VM {guest.vmid}: {disk} has no size in its config ({value!r})")
     if size >= size_gib:
-        host.noop(f"VM {vmid} {disk} is {size:g} GiB (at least {size_gib})")
+        host.noop(f"VM {guest.vmid} {disk} is {size:g} GiB (at least {size_gib})")
         return
-    logger.info(f"{host.print_prefix}VM {vmid} {disk}: {size:g} GiB -> {size_gib} GiB")
-    yield api_command(_grow, api, _Disk(node, vmid, disk), size_gib, config.digest)
+    logger.info(f"{host.print_prefix}VM {guest.vmid} {disk}: {size:g} GiB -> {size_gib} GiB")
+    yield api_command(_grow, guest, disk, size_gib, config.digest)
 
 
-@dataclass(frozen=True)
-class _Disk:
-    node: str
-    vmid: int
-    key: str
-
-
-def _grow_created(api: PveClient, disk: _Disk, size_gib: int) -> None:
+def _grow_created(guest: Guest, disk: str, size_gib: int) -> None:
     try:
-        config = api.vm_config(disk.node, disk.vmid)
+        config = guest.api.vm_config(guest.node, guest.vmid)
     except PveError as error:
-        raise OperationError(f"VM {disk.vmid} {disk.key} not grown to {size_gib} GiB: {error.line}") from None
-    size = disk_size_gib(str(config.values.get(disk.key, "")))
+        raise OperationError(f"VM {guest.vmid} {disk} not grown to {size_gib} GiB: {error.line}") from None
+    size = disk_size_gib(str(config.values.get(disk, "")))
     if size is None or size < size_gib:
-        _grow(api, disk, size_gib, config.digest)
+        _grow(guest, disk, size_gib, config.digest)
 
 
-def _grow(api: PveClient, disk: _Disk, size_gib: int, digest: str) -> None:
-    what = f"VM {disk.vmid} {disk.key}"
+def _grow(guest: Guest, disk: str, size_gib: int, digest: str) -> None:
+    api, what = guest.api, f"VM {guest.vmid} {disk}"
     try:
-        api.resize_vm_disk(disk.node, disk.vmid, disk.key, f"{size_gib}G", digest)
-        after = disk_size_gib(str(api.vm_config(disk.node, disk.vmid).values.get(disk.key, "")))
+        api.resize_vm_disk(guest.node, guest.vmid, disk, f"{size_gib}G", digest)
+        after = disk_size_gib(str(api.vm_config(guest.node, guest.vmid).values.get(disk, "")))
     except PveError as error:
         raise OperationError(f"{what} not grown to {size_gib} GiB: {error.line}") from None
     if after is None or after < size_gib:
@@ -276,21 +269,21 @@ def disk_size_gib(value: str) -> float | None:
     return float(match.group(1)) * _UNIT_GIB[match.group(2)]
 
 
-def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> GuestIdentity | None:
-    """The steps of the module docstring for `spec` (which has an image) on `node`; the guest's identity for
+def cloud_image(guest: Guest, spec: VmSpec, timeout_s: float) -> GuestIdentity | None:
+    """The steps of the module docstring for `spec` (which has an image), VM `guest`; the guest's identity for
     the later steps. None for a VM that exists and was not made from the image (an installed VM, e.g. one
     converted from i440FX): its guest's keys are not pvegpu's, so nothing here applies to it."""
     image = spec.image
     assert image is not None  # called only for a VM with an image
     known_hosts = Path(str(host.data.get("ssh_known_hosts_file")))  # required with vm.image (inventory)
     pve = plan_of(host).specs.pve
-    place = GuestPlace(pve.cluster, pve.owner, node, spec.vmid)  # its files are this cluster's guest's
+    place = GuestPlace(pve.cluster, pve.owner, guest.node, guest.vmid)  # its files are this cluster's guest's
     try:
         adopt_name_keyed_files(known_hosts, place, spec.name)  # never a new key for a guest that has one
     except GuestKeyError as error:
         raise OperationError(f"{host.name}: guest {spec.name}: {error}") from None
     volid = image_volid(spec)
-    current = _config(api, node, spec.vmid)
+    current = _config(guest)
     if current is not None and left_by_a_create(current.values):
         current = (
             None  # no VM yet: q35_vm makes it again (the leftover of pvegpu's dead create) or reports it
@@ -300,8 +293,8 @@ def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> Gu
     if current is None:
         image_downloaded(
             name="The VM's cloud image is on the node",
-            api=api,
-            node=node,
+            api=guest.api,
+            node=guest.node,
             volid=volid,
             url=image.url if isinstance(image, ImageUrl) else None,
             checksum=image.checksum if isinstance(image, ImageUrl) else None,
@@ -316,15 +309,15 @@ def cloud_image(api: PveClient, node: str, spec: VmSpec, timeout_s: float) -> Gu
         raise OperationError(f"{host.name}: guest {spec.name}: {error}") from None
     snippet_file(
         name="The guest's cloud-init user-data is on the node",
-        path=f"{snippets_directory(api, spec.snippets_storage)}/{snippet_name(spec.vmid)}",
+        path=f"{snippets_directory(guest.api, spec.snippets_storage)}/{snippet_name(spec.vmid)}",
         content=user_data(spec, key_text, public_line, login_public),
     )
     return GuestIdentity(spec.name, known_hosts, private, public_line, static_address(spec.ipconfig))
 
 
-def _config(api: PveClient, node: str, vmid: int) -> GuestConfig | None:
-    """VM `vmid`'s config, None when it does not exist; OperationError when it cannot be read."""
+def _config(guest: Guest) -> GuestConfig | None:
+    """The VM's config, None when it does not exist; OperationError when it cannot be read."""
     try:
-        return Guest(VM, api, node, vmid).config_or_none()
+        return guest.config_or_none()
     except PveError as error:
-        raise OperationError(f"{host.name}: VM {vmid}: {error.line}") from None
+        raise OperationError(f"{host.name}: VM {guest.vmid}: {error.line}") from None

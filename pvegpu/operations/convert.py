@@ -23,7 +23,6 @@ from pyinfra.context import host
 from pvegpu.models.guest_boot import GuestBoot, GuestFilesystem
 from pvegpu.operations.api_command import api_command, attempt, one_line_errors, what_came_back
 from pvegpu.operations.pve_guest import (
-    VM,
     ConfigChange,
     Guest,
     Ownership,
@@ -45,7 +44,6 @@ from pvegpu.plan.convert import (
 from pvegpu.plan.guest_leftovers import left_by_a_create
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm
-from pvegpu.pve.client import PveClient
 from pvegpu.pve.errors import PveError
 
 
@@ -53,26 +51,23 @@ from pvegpu.pve.errors import PveError
 @one_line_errors
 def q35_conversion(
     *,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     config: Mapping[str, str],
     create: Mapping[str, str],
     prefix: str,
     timeout_s: float,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand | StringCommand, None, None]:
-    """Convert VM `vmid` on `node` to Q35/OVMF with `config`/`create` (plan/vm.py) when it is not, and its
+    """Convert VM `guest` to Q35/OVMF with `config`/`create` (plan/vm.py) when it is not, and its
     guest shows it can boot that way; else raise OperationError with the steps to take. Noop when the VM
     does not exist (q35_vm creates it) or is Q35/OVMF already. With `ownership`, a VM without pvegpu's mark
     is refused (one line naming `vm.adopt`) unless adopted; adopted, the conversion's PUT writes the mark."""
-    guest = Guest(VM, api, node, vmid)
     current = guest.read_config(refuse_locked=False)
     if current is None:
-        host.noop(f"VM {vmid} does not exist on {node}: nothing to convert")
+        host.noop(f"VM {guest.vmid} does not exist on {guest.node}: nothing to convert")
         return
     if left_by_a_create(current.values):  # not an installed VM: q35_vm makes it again or reports it
-        host.noop(f"VM {vmid} on {node} was never completely created: nothing to convert")
+        host.noop(f"VM {guest.vmid} on {guest.node} was never completely created: nothing to convert")
         return
     if ownership is not None:
         mark_to_write(guest, current.values, ownership)  # refused unless it is pvegpu's or adopted
@@ -80,47 +75,47 @@ def q35_conversion(
         raise OperationError(locked(guest, str(current.values["lock"])))
     legacy = legacy_firmware(current.values)
     if not legacy:
-        host.noop(f"VM {vmid} on {node} is Q35/OVMF: nothing to convert")
+        host.noop(f"VM {guest.vmid} on {guest.node} is Q35/OVMF: nothing to convert")
         return
 
     def q35_diff(values: Mapping[str, object]) -> ConfigChange:
         try:
             change: VmChange = diff_vm(config, create, values, prefix, converting=True)
         except HostPciError as error:
-            raise OperationError(f"VM {vmid}: {error}") from None
+            raise OperationError(f"VM {guest.vmid}: {error}") from None
         return change
 
     diff = q35_diff if ownership is None else with_mark(q35_diff, ownership)
 
     change = diff(current.values)
     running = guest.read_status() == "running"
-    boot = observe(api, node, vmid) if running else GuestBoot()
+    boot = observe(guest) if running else GuestBoot()
     plan = plan_conversion(
-        vmid, node, current, running=running, boot=boot, change=change.set, delete=change.delete
+        guest.vmid, guest.node, current, running=running, boot=boot, change=change.set, delete=change.delete
     )
     if isinstance(plan, Refusal):
         raise OperationError(plan.text)
-    logger.info(f"{host.print_prefix}VM {vmid}: convert to Q35/OVMF (now {', '.join(legacy)})")
+    logger.info(f"{host.print_prefix}VM {guest.vmid}: convert to Q35/OVMF (now {', '.join(legacy)})")
     for number, step in enumerate(plan.steps, 1):
-        logger.info(f"{host.print_prefix}VM {vmid} step {number}: {step}")
+        logger.info(f"{host.print_prefix}VM {guest.vmid} step {number}: {step}")
     if plan.link is not None:
-        yield api_command(_write_in_guest, api, node, vmid, plan.link)
+        yield api_command(_write_in_guest, guest, plan.link)
     yield StringCommand(backup_command(plan))
     yield api_command(_shut_down, guest, timeout_s)
     yield api_command(_set_q35, guest, plan, diff)
 
 
-def observe(api: PveClient, node: str, vmid: int) -> GuestBoot:
+def observe(guest: Guest) -> GuestBoot:
     """What the running guest's agent shows (models/guest_boot.py); `agent_error` set when the agent does
     not answer the first call. A loader file-read that fails counts as the file missing."""
     try:
-        filesystems = _filesystems(api.agent_get(node, vmid, "get-fsinfo"))
-        nics = api.guest_addresses(node, vmid)
+        filesystems = _filesystems(guest.api.agent_get(guest.node, guest.vmid, "get-fsinfo"))
+        nics = guest.api.guest_addresses(guest.node, guest.vmid)
     except PveError as error:
         return GuestBoot(agent_error=error.line)
-    release = _read(api, node, vmid, OS_RELEASE)
+    release = _read(guest, OS_RELEASE)
     distribution = None if release is None else os_id(release)
-    files = {path: bool(_read(api, node, vmid, path)) for path in loader_paths(distribution)}
+    files = {path: bool(_read(guest, path)) for path in loader_paths(distribution)}
     return GuestBoot(filesystems=filesystems, files=files, nics=nics, os_id=distribution)
 
 
@@ -149,24 +144,23 @@ def _filesystems(answer: Mapping[str, object]) -> tuple[GuestFilesystem, ...]:
     )
 
 
-def _read(api: PveClient, node: str, vmid: int, path: str) -> str | None:
+def _read(guest: Guest, path: str) -> str | None:
     """The text of `path` in the guest (agent/file-read), None when it cannot be read."""
     try:
-        content = api.agent_get(node, vmid, "file-read", {"file": path}).get("content")
+        content = guest.api.agent_get(guest.node, guest.vmid, "file-read", {"file": path}).get("content")
     except PveError:
         return None
     return content if isinstance(content, str) else None
 
 
-def _write_in_guest(api: PveClient, node: str, vmid: int, file: GuestFile) -> None:
-    failure = attempt(
-        lambda: api.agent_post(node, vmid, "file-write", {"file": file.path, "content": file.content})
-    )
-    said = what_came_back(failure, f"POST /nodes/{node}/qemu/{vmid}/agent/file-write")
-    if _read(api, node, vmid, file.path) != file.content:
+def _write_in_guest(guest: Guest, file: GuestFile) -> None:
+    content = {"file": file.path, "content": file.content}
+    failure = attempt(lambda: guest.api.agent_post(guest.node, guest.vmid, "file-write", content))
+    said = what_came_back(failure, f"POST /nodes/{guest.node}/qemu/{guest.vmid}/agent/file-write")
+    if _read(guest, file.path) != file.content:
         raise OperationError(
-            f"VM {vmid}: {file.path} not written in the guest ({said}; reading it back shows other content):"
-            " not converted, nothing else changed"
+            f"VM {guest.vmid}: {file.path} not written in the guest ({said}; reading it back shows other "
+            "content): not converted, nothing else changed"
         )
 
 

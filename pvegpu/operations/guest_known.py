@@ -27,9 +27,9 @@ from pvegpu.local.files import LocalWriteError
 from pvegpu.local.guest_keys import known_host_recorded, record_address, record_known_host, recorded_address
 from pvegpu.local.host_key_probe import HostKeyMismatchError, wait_for_host_key
 from pvegpu.operations.api_command import api_command, one_line_errors
+from pvegpu.operations.pve_guest import Guest
 from pvegpu.plan.convert import net0_mac
 from pvegpu.plan.guest_address import GuestAddressError, net0_address
-from pvegpu.pve.client import PveClient
 from pvegpu.pve.errors import PveError
 from pvegpu.run.wait import WaitTimeoutError, wait_until
 
@@ -61,9 +61,10 @@ def wait_until_answering(identity: GuestIdentity, address: str, timeout_s: float
 @operation()
 @one_line_errors
 def guest_known(
-    *, identity: GuestIdentity, api: PveClient, node: str, vmid: int, mac: str | None, timeout_s: float
+    *, identity: GuestIdentity, guest: Guest, mac: str | None, timeout_s: float
 ) -> Generator[FunctionCommand]:
-    """The guest's address and host key are in `identity.known_hosts` (module docstring)."""
+    """The address and host key of VM `guest`'s guest are in `identity.known_hosts` (module docstring);
+    `mac`: net0's, None to read it from the VM's config."""
     address = identity.address or recorded_address(identity.private_key)
     if address is not None and known_host_recorded(identity.known_hosts, address, identity.public_key):
         host.noop(f"guest {identity.name}: {address} and its host key are in {identity.known_hosts}")
@@ -74,8 +75,10 @@ def guest_known(
         )
         yield api_command(_record, identity, address, False)
         return
-    logger.info(f"{host.print_prefix}guest {identity.name}: learn its address from VM {vmid}'s guest agent")
-    yield api_command(_learn_address, identity, api, _Vm(node, vmid, mac), timeout_s)
+    logger.info(
+        f"{host.print_prefix}guest {identity.name}: learn its address from VM {guest.vmid}'s guest agent"
+    )
+    yield api_command(_learn_address, identity, guest, mac, timeout_s)
 
 
 def _record(identity: GuestIdentity, address: str, learnt: bool) -> None:
@@ -89,38 +92,31 @@ def _record(identity: GuestIdentity, address: str, learnt: bool) -> None:
         raise OperationError(f"guest {identity.name}: {error}") from None
 
 
-@dataclass(frozen=True)
-class _Vm:
-    node: str
-    vmid: int
-    mac: str | None  # net0's; None: read from the VM's config
-
-
-def _net0_mac(identity: GuestIdentity, api: PveClient, vm: _Vm) -> str:
+def _net0_mac(identity: GuestIdentity, guest: Guest) -> str:
     """net0's MAC in the VM's config: the only NIC whose address pvegpu takes from the guest agent."""
     try:
-        mac = net0_mac(api.vm_config(vm.node, vm.vmid).values)
+        mac = net0_mac(guest.api.vm_config(guest.node, guest.vmid).values)
     except PveError as error:
-        raise OperationError(f"guest {identity.name}: VM {vm.vmid}: {error.line}") from None
+        raise OperationError(f"guest {identity.name}: VM {guest.vmid}: {error.line}") from None
     if mac is None:
         raise OperationError(
-            f"guest {identity.name}: VM {vm.vmid} has no net0 MAC, the NIC whose address pvegpu takes from "
-            "the guest agent"
+            f"guest {identity.name}: VM {guest.vmid} has no net0 MAC, the NIC whose address pvegpu takes "
+            "from the guest agent"
         )
     return mac
 
 
-def _learn_address(identity: GuestIdentity, api: PveClient, vm: _Vm, timeout_s: float) -> None:
-    mac = vm.mac or _net0_mac(identity, api, vm)
+def _learn_address(identity: GuestIdentity, guest: Guest, net0: str | None, timeout_s: float) -> None:
+    mac = net0 or _net0_mac(identity, guest)
     found: list[str] = []
 
     def pending() -> str | None:
         try:
-            interfaces = api.guest_addresses(vm.node, vm.vmid)
+            interfaces = guest.api.guest_addresses(guest.node, guest.vmid)
         except PveError as error:
             return error.line
         try:
-            address = net0_address(interfaces, mac, vm.vmid)
+            address = net0_address(interfaces, mac, guest.vmid)
         except GuestAddressError as refused:
             raise OperationError(f"guest {identity.name}: {refused}") from None
         if address is None:
@@ -132,7 +128,7 @@ def _learn_address(identity: GuestIdentity, api: PveClient, vm: _Vm, timeout_s: 
         wait_until(
             pending,
             timeout_s,
-            f"guest {identity.name}: VM {vm.vmid}'s guest agent reports no address",
+            f"guest {identity.name}: VM {guest.vmid}'s guest agent reports no address",
             interval_s=2.0,
         )
     except WaitTimeoutError as timeout:

@@ -19,9 +19,8 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.local.create_records import CreateLedger
-from pvegpu.operations.pve_guest import CT, Guest, Ownership, converge
+from pvegpu.operations.pve_guest import Guest, Ownership, converge
 from pvegpu.plan.lxc import diff_container, raw_line_problem, raw_of, version_drift
-from pvegpu.pve.client import PveClient
 
 LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
 
@@ -29,25 +28,23 @@ LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
 @operation()
 def lxc_container(
     *,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     config: Mapping[str, str],
     create: Mapping[str, str],
     timeout_s: float,
     ledger: CreateLedger | None = None,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
-    """Create container `vmid` with `config` + `create` when absent, else PUT the keys that differ and
+    """Create container `guest` with `config` + `create` when absent, else PUT the keys that differ and
     delete the `devN` entries not in `config` (with the read's digest). `ledger`: pvegpu's records of its
     creates (`converge`). `ownership`: pvegpu's mark (created with it; an existing container without it
     refused unless `lxc.adopt`)."""
     devices = sum(1 for key in config if key.startswith("dev"))
     yield from converge(
-        Guest(CT, api, node, vmid),
+        guest,
         create={**config, **create},
         diff=lambda current: diff_container(config, current),
-        unchanged=f"CT {vmid} on {node} has its config: {devices} device entries",
+        unchanged=f"CT {guest.vmid} on {guest.node} has its config: {devices} device entries",
         timeout_s=timeout_s,
         ledger=ledger,
         ownership=ownership,
@@ -56,7 +53,7 @@ def lxc_container(
 
 @operation()
 def lxc_raw_lines(
-    *, api: PveClient, node: str, vmid: int, wanted: Sequence[tuple[str, str]], replace: str
+    *, guest: Guest, wanted: Sequence[tuple[str, str]], replace: str
 ) -> Generator[StringCommand, None, None]:
     """Give the container's config file each `wanted` raw line its main section lacks (the API's `lxc`
     list), and drop the main section's lines that start with `replace` and are not wanted (pvegpu's
@@ -71,18 +68,20 @@ def lxc_raw_lines(
     for key, value in wanted:
         problem = raw_line_problem(key, value)
         if problem is not None:
-            raise OperationError(f"CT {vmid}: {problem}")
+            raise OperationError(f"CT {guest.vmid}: {problem}")
     if not replace or any(ord(c) < 0x20 or ord(c) == 0x7F for c in replace):
-        raise OperationError(f"CT {vmid}: raw lxc prefix {replace!r} is empty or has a control character")
-    config = Guest(CT, api, node, vmid).config_or_none()
+        raise OperationError(
+            f"CT {guest.vmid}: raw lxc prefix {replace!r} is empty or has a control character"
+        )
+    config = guest.config_or_none()
     current = () if config is None else raw_of(config.values)
-    path = LXC_CONF.format(vmid=int(vmid))
+    path = LXC_CONF.format(vmid=int(guest.vmid))
     stale = [f"{k}: {v}" for k, v in current if f"{k}: {v}".startswith(replace) and (k, v) not in wanted]
     missing = [f"{k}: {v}" for k, v in wanted if (k, v) not in current]
     if not stale and not missing:
         host.noop(f"{path} has its {len(wanted)} raw lxc lines")
         return
-    yield StringCommand(raw_lines_command(int(vmid), [f"{k}: {v}" for k, v in wanted], replace))
+    yield StringCommand(raw_lines_command(int(guest.vmid), [f"{k}: {v}" for k, v in wanted], replace))
 
 
 # pve-container's lock: PVE::LXC::Config `config_file_lock` (/run/lock/lxc, made at load), taken by

@@ -52,7 +52,7 @@ from pvegpu.models.p2p import RECORD_PATH, Identity, Record
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
 from pvegpu.models.spec_validation import spec_of
 from pvegpu.operations.api_command import api_command, one_line_errors
-from pvegpu.operations.pve_guest import VM, Guest
+from pvegpu.operations.pve_guest import Guest
 from pvegpu.operations.vm import StartFailedError, cold_restart, guest_in_run
 from pvegpu.plan.hostpci import HOSTPCI_KEY, HostPciError, parse_hostpci
 from pvegpu.plan.mapping import managed_index, with_path_shape
@@ -72,7 +72,6 @@ from pvegpu.plan.p2p import (
     vm_devices,
 )
 from pvegpu.plan.vm import cpu_hidden, merge_args
-from pvegpu.pve.client import PveClient
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.transport import Value
 from pvegpu.run.wait import WaitTimeoutError, wait_until
@@ -154,9 +153,7 @@ def _write(guest: Guest, path: str, content: str) -> None:
 @one_line_errors
 def p2p_clique(
     *,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     mode: Literal["probe", "on"],
     clique: str,
     prefix: str,
@@ -164,19 +161,18 @@ def p2p_clique(
     probe_timeout_s: float,
     timeout_s: float,
 ) -> Generator[FunctionCommand, None, None]:
-    """GPU peer-to-peer in VM `vmid` as `mode` wants it (module docstring); `clique` is
+    """GPU peer-to-peer in VM `guest` as `mode` wants it (module docstring); `clique` is
     plan/p2p.py's `clique_args` for the VM's GPUs ('' when none may peer), `prefix` the mapping ids' prefix
     (`vm.mapping_prefix`: the mappings whose paths the probe shapes), `venv` the guest's SGLang venv.
     Not idempotent in the strict sense: a probe that runs restarts the VM (it runs only when no valid
     record exists)."""
-    guest = Guest(VM, api, node, vmid)
     config = guest.read_config()
     if config is None:
-        host.noop(f"VM {vmid} does not exist: no P2P clique to manage")
+        host.noop(f"VM {guest.vmid} does not exist: no P2P clique to manage")
         return
     if mode == "on":
         logger.warning(f"{host.print_prefix}{UNPROVEN}")
-        host.noop(f"VM {vmid}: vm.p2p on, clique {clique or 'none (no GPUs may peer)'}")
+        host.noop(f"VM {guest.vmid}: vm.p2p on, clique {clique or 'none (no GPUs may peer)'}")
     else:
         yield from _probe_mode(
             guest,

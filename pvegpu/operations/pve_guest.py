@@ -798,16 +798,13 @@ def _differences(left: ConfigChange, after: GuestConfig) -> str:
 @one_line_errors
 def guest_running(
     *,
-    kind: GuestKind,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     timeout_s: float,
     unbound: Sequence[str] = (),
     recheck: Callable[[Host], Sequence[str]] | None = None,
     after_start: Callable[[], None] | None = None,
 ) -> Generator[FunctionCommand, None, None]:
-    """Start guest `vmid` unless it runs; wait for the start task (its failure carries Proxmox's message,
+    """Start `guest` unless it runs; wait for the start task (its failure carries Proxmox's message,
     e.g. `PCI device mapping invalid (hardware probably changed): ...`) and until it reports running.
 
     `unbound` lists the passed GPUs' functions not bound to vfio-pci on the node (a VM's): starting is
@@ -816,13 +813,12 @@ def guest_running(
     role's reboot, deploy/site.py) may bind them. `after_start` runs once this run has started the guest
     (e.g. waiting until a new VM's guest answers on SSH); its OperationError fails the host.
     """
-    guest = Guest(kind, api, node, vmid)
     if guest.read_config() is not None and guest.read_status() == "running":
-        host.noop(f"{guest.label} is running on {node}")
+        host.noop(f"{guest.label} is running on {guest.node}")
         return
     if unbound and recheck is None:
         raise OperationError(_refusal(guest, unbound))
-    logger.info(f"{host.print_prefix}{guest.label}: start on {node}")
+    logger.info(f"{host.print_prefix}{guest.label}: start on {guest.node}")
     if unbound and recheck is not None:
         check = recheck
 
@@ -892,17 +888,14 @@ def maps_gpus(values: Mapping[str, object], prefix: str) -> bool:
 @one_line_errors
 def guest_parked(
     *,
-    kind: GuestKind,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     profile: str,
     allow_stop: bool,
     timeout_s: float,
     prefix: str | None = None,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
-    """For `profile`, which does not use guest `vmid`: set `onboot: 0` (PUT with the read's digest), then
+    """For `profile`, which does not use `guest`: set `onboot: 0` (PUT with the read's digest), then
     shut it down and wait until it is stopped (`_park`: a VM is shut down cleanly, stopped only when the
     shutdown timed out, said so). It is never deleted: its disks are kept.
 
@@ -913,24 +906,24 @@ def guest_parked(
     the GPUs away from it, as a reboot would: with `allow_stop` false (`pve_host.allow_reboot`) nothing is
     changed; a warning and the noop say what would be done.
     """
-    guest = Guest(kind, api, node, vmid)
     config = guest.read_config(refuse_locked=False)  # a locked guest that is not pvegpu's is left alone
     if config is None:
-        host.noop(f"{guest.label} does not exist on {node}: no {kind.holder} holds the GPUs")
+        host.noop(f"{guest.label} does not exist on {guest.node}: no {guest.kind.holder} holds the GPUs")
         return
     mark_keys: dict[str, str] = {}
     if ownership is not None:
         mark = guest_mark(config.values, ownership.owner)
         if not mark.ours and not ownership.adopt:
             host.noop(
-                f"{guest.label} on {node} is not pvegpu's ({mark.found}): left alone, not stopped "
+                f"{guest.label} on {guest.node} is not pvegpu's ({mark.found}): left alone, not stopped "
                 f"({ownership.switch}: true lets pvegpu manage it)"
             )
             return
         mark_keys = guest_mark_keys(config.values, ownership.owner)
     elif prefix is not None and not maps_gpus(config.values, prefix):
         host.noop(
-            f"{guest.label} on {node} maps none of pvegpu's {prefix}N mappings: not pvegpu's, left alone"
+            f"{guest.label} on {guest.node} maps none of pvegpu's {prefix}N mappings: not pvegpu's, "
+            "left alone"
         )
         return
     if "lock" in config.values:
@@ -939,14 +932,14 @@ def guest_parked(
     onboot = str(config.values.get("onboot", "0")) == "1"
     if running and not allow_stop:
         message = (
-            f"profile {profile}: {guest.label} is running on {node} with the GPUs; would stop it and "
+            f"profile {profile}: {guest.label} is running on {guest.node} with the GPUs; would stop it and "
             "set onboot 0 (pve_host.allow_reboot is false: not stopping it)"
         )
         logger.warning(f"{host.print_prefix}{message}")
         host.noop(message)
         return
     if not running and not onboot and not mark_keys:
-        host.noop(f"{guest.label} on {node} is stopped and not started at boot (onboot 0)")
+        host.noop(f"{guest.label} on {guest.node} is stopped and not started at boot (onboot 0)")
         return
     if onboot or mark_keys:
         if mark_keys and ownership is not None:
@@ -958,8 +951,8 @@ def guest_parked(
         owner = None if not mark_keys or ownership is None else ownership.owner
         yield api_command(_no_onboot, guest, config.digest, config.values.get("onboot"), mark_keys, owner)
     if running:
-        how = "shut down" if kind.shutdown is not None else "stop"
-        logger.info(f"{host.print_prefix}{guest.label}: {how} on {node} (profile {profile})")
+        how = "shut down" if guest.kind.shutdown is not None else "stop"
+        logger.info(f"{host.print_prefix}{guest.label}: {how} on {guest.node} (profile {profile})")
         yield api_command(_park, guest, timeout_s)
 
 

@@ -30,20 +30,17 @@ from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.local.create_records import CreateLedger
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.api_command import api_command, one_line_errors
-from pvegpu.operations.pve_guest import VM, Guest, Ownership, converge, wait_status
+from pvegpu.operations.pve_guest import Guest, Ownership, converge, wait_status
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm, nvidia_gpus, pending_keys, pending_report
-from pvegpu.pve.client import PveClient
 from pvegpu.pve.errors import PveError, TaskFailedError
 
 
 @operation()
 def q35_vm(
     *,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     config: Mapping[str, str],
     create: Mapping[str, str],
     prefix: str,
@@ -52,7 +49,7 @@ def q35_vm(
     keep_clique: bool = False,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
-    """Create VM `vmid` on `node` with `config` + `create` (plan/vm.py) when absent, else PUT the keys that
+    """Create VM `guest` with `config` + `create` (plan/vm.py) when absent, else PUT the keys that
     differ (with the read's digest). Raises OperationError for a hostpci slot pvegpu must not take.
     `ledger`: pvegpu's records of its creates (`converge`). `keep_clique`: pvegpu's GPUDirect clique parts
     of `args` are left as they are (`vm.p2p: probe`: the P2P operation owns them). `ownership`: pvegpu's mark
@@ -62,18 +59,18 @@ def q35_vm(
         try:
             change = diff_vm(config, create, current, prefix, keep_clique=keep_clique)
         except HostPciError as error:
-            raise OperationError(f"VM {vmid}: {error}") from None
+            raise OperationError(f"VM {guest.vmid}: {error}") from None
         for note in change.notes:
-            logger.warning(f"{host.print_prefix}VM {vmid}: {note}")
+            logger.warning(f"{host.print_prefix}VM {guest.vmid}: {note}")
         return change
 
     count = sum(1 for key in config if key.startswith("hostpci"))
     yield from converge(
-        Guest(VM, api, node, vmid),
+        guest,
         create={**config, **create},
         diff=diff,
         unchanged=(
-            f"VM {vmid} ({config['name']}) on {node} has its config: {config['machine']}, ovmf, "
+            f"VM {guest.vmid} ({config['name']}) on {guest.node} has its config: {config['machine']}, ovmf, "
             f"{count} hostpci devices"
         ),
         timeout_s=timeout_s,
@@ -147,20 +144,17 @@ def _pending(guest: Guest) -> tuple[str, ...]:
 @one_line_errors
 def vm_pending(
     *,
-    api: PveClient,
-    node: str,
-    vmid: int,
+    guest: Guest,
     allow_restart: bool,
     config_changing: Callable[[], bool],
     timeout_s: float,
 ) -> Generator[FunctionCommand, None, None]:
-    """Apply what running VM `vmid` holds in `[PENDING]` by a cold restart when `allow_restart`
+    """Apply what running VM `guest` holds in `[PENDING]` by a cold restart when `allow_restart`
     (`pve_host.allow_reboot`), else warn naming every pending key and the command (module docstring).
     `config_changing`: whether an earlier operation of this run writes the VM's config; asked only when
     this runs before anything executed (pyinfra's change detection), and then the decision is made again
     when it executes (the write may leave keys pending). Not idempotent: it restarts the VM, but only while
     something is pending, so a run after it does nothing."""
-    guest = Guest(VM, api, node, vmid)
     try:
         keys = _pending(guest)
     except PveError as error:

@@ -14,7 +14,7 @@ from pyinfra.api.exceptions import OperationError
 from pvegpu.facts.node_read import NodeRead
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.node import GpuSelector
-from pvegpu.operations.pve_guest import VM, guest_parked, guest_running, maps_gpus
+from pvegpu.operations.pve_guest import VM, Guest, guest_parked, guest_running, maps_gpus
 from pvegpu.operations.reboot import REBOOT, reboot_if_pending
 from pvegpu.operations.vfio import UPDATE_INITRAMFS, vfio_config
 from pvegpu.plan.errors import PlanError
@@ -211,10 +211,7 @@ def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
     return run_op(
         guest_parked,
         {},
-        kind=VM,
-        api=api.client,
-        node="pve1",
-        vmid=100,
+        guest=Guest(VM, api.client, "pve1", 100),
         prefix="gpu",
         profile="baremetal",
         allow_stop=allow,
@@ -340,10 +337,7 @@ def start_later(api: FakeApi, later: tuple[str, ...]) -> Any:
     return run_op(
         guest_running,
         {},
-        kind=VM,
-        api=api.client,
-        node="pve1",
-        vmid=100,
+        guest=Guest(VM, api.client, "pve1", 100),
         unbound=("0000:41:00.0 (nvidia)",),
         timeout_s=5,
         recheck=lambda _host: later,

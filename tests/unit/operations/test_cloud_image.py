@@ -22,6 +22,7 @@ from pvegpu.operations.cloud_image import (
     storage_content,
 )
 from pvegpu.operations.files import install_staged
+from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import node_state, run_op
@@ -265,7 +266,7 @@ def test_an_imported_disk_is_grown_to_its_size_and_read_back() -> None:
             ("PUT", "/nodes/pve1/qemu/100/resize"): None,
         }
     )
-    commands, _ = run_op(disk_grown, {}, api=api.client, node="pve1", vmid=100, disk="scsi0", size_gib=32)
+    commands, _ = run_op(disk_grown, {}, guest=Guest(VM, api.client, "pve1", 100), disk="scsi0", size_gib=32)
     execute(commands)
     assert api.writes() == [
         ("PUT", "/nodes/pve1/qemu/100/resize", {"disk": "scsi0", "size": "32G", "digest": "c1"})
@@ -286,7 +287,9 @@ def test_a_vm_made_later_in_the_run_is_read_when_the_grow_executes() -> None:
             ("PUT", "/nodes/pve1/qemu/100/resize"): None,
         }
     )
-    commands, noops = run_op(disk_grown, {}, api=api.client, node="pve1", vmid=100, disk="scsi0", size_gib=32)
+    commands, noops = run_op(
+        disk_grown, {}, guest=Guest(VM, api.client, "pve1", 100), disk="scsi0", size_gib=32
+    )
     assert (len(commands), noops) == (1, [])
     execute(commands)
     assert api.writes() == [
@@ -296,7 +299,9 @@ def test_a_vm_made_later_in_the_run_is_read_when_the_grow_executes() -> None:
 
 def test_a_disk_at_least_its_size_is_never_shrunk() -> None:
     api = FakeApi({("GET", "/nodes/pve1/qemu/100/config"): vm_config("x,size=64G")})
-    commands, noops = run_op(disk_grown, {}, api=api.client, node="pve1", vmid=100, disk="scsi0", size_gib=32)
+    commands, noops = run_op(
+        disk_grown, {}, guest=Guest(VM, api.client, "pve1", 100), disk="scsi0", size_gib=32
+    )
     assert (commands, noops) == ([], ["VM 100 scsi0 is 64 GiB (at least 32)"])
 
 

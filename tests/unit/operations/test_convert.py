@@ -11,6 +11,7 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.models.vm import VmSpec
+from pvegpu.operations import pve_guest
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.plan.vm import create_keys, vm_config
 from pvegpu.pve.errors import PveError
@@ -91,9 +92,7 @@ def convert(api: FakeApi) -> tuple[list[Any], list[str]]:
     return run_op(
         q35_conversion,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=120,
+        guest=pve_guest.Guest(pve_guest.VM, api.client, "pve1", 120),
         config=CONFIG,
         create=CREATE,
         prefix="gpu",

@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pvegpu.local.create_records import CreateLedger, ledger_beside
 from pvegpu.models.pve_root_only import root_only_params
 from pvegpu.operations.lxc import lxc_container
+from pvegpu.operations.pve_guest import CT, Guest
 from pvegpu.plan.create_proof import CreateRecord
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.transport import Params
@@ -315,9 +316,7 @@ def test_error_own_dead_create_of_a_container_is_reported(
         run_op(
             lxc_container,
             {},
-            api=api.client,
-            node="pve1",
-            vmid=200,
+            guest=Guest(CT, api.client, "pve1", 200),
             config={},
             create={},
             timeout_s=5,

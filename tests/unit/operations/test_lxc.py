@@ -15,7 +15,7 @@ from pvegpu.models.errors import InventoryError
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
 from pvegpu.models.spec_validation import spec_of
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines, raw_lines_command
-from pvegpu.operations.pve_guest import CT, guest_parked, guest_running
+from pvegpu.operations.pve_guest import CT, Guest, guest_parked, guest_running
 from pvegpu.plan.lxc import (
     SHM_ENTRY,
     SHM_PREFIX,
@@ -136,9 +136,7 @@ def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
     return run_op(
         lxc_container,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=200,
+        guest=Guest(CT, api.client, "pve1", 200),
         config=CONFIG,
         create=create_keys(SPEC),
         timeout_s=5,
@@ -200,9 +198,7 @@ def raw(api: FakeApi) -> tuple[list[Any], list[str]]:
     return run_op(
         lxc_raw_lines,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=200,
+        guest=Guest(CT, api.client, "pve1", 200),
         wanted=WANTED,
         replace=f"{SHM_ENTRY}: {SHM_PREFIX}",
     )
@@ -231,7 +227,7 @@ def test_noop_raw_lines_present() -> None:
 
 
 def running(api: FakeApi) -> tuple[list[Any], list[str]]:
-    return run_op(guest_running, {}, kind=CT, api=api.client, node="pve1", vmid=200, timeout_s=5)
+    return run_op(guest_running, {}, guest=Guest(CT, api.client, "pve1", 200), timeout_s=5)
 
 
 def test_noop_and_start_container() -> None:
@@ -286,10 +282,7 @@ def park(api: FakeApi, allow: bool = True) -> tuple[list[Any], list[str]]:
     return run_op(
         guest_parked,
         {},
-        kind=CT,
-        api=api.client,
-        node="pve1",
-        vmid=200,
+        guest=Guest(CT, api.client, "pve1", 200),
         profile="vm",
         allow_stop=allow,
         timeout_s=5,

@@ -13,6 +13,7 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.operations.lxc import LXC_LOCK_DIR, lxc_raw_lines, raw_lines_command
+from pvegpu.operations.pve_guest import CT, Guest
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.lxc import plan_lxc_devices, raw_line_problem
 from tests.unit.fake_pve import FakeApi
@@ -175,9 +176,7 @@ def test_error_raw_line_refused_before_anything_is_read(key: str, value: str, pr
         run_op(
             lxc_raw_lines,
             {},
-            api=FakeApi({}).client,
-            node="pve1",
-            vmid=200,
+            guest=Guest(CT, FakeApi({}).client, "pve1", 200),
             wanted=[(key, value)],
             replace=SHM,
         )

@@ -41,9 +41,7 @@ def clique_op(api: FakeApi, mode: str) -> tuple[list[Any], list[str]]:
     return run_op(
         p2p_clique,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=100,
+        guest=Guest(VM, api.client, "pve1", 100),
         mode=mode,
         clique=OURS,
         prefix="gpu",

@@ -14,7 +14,7 @@ from pyinfra.api.exceptions import OperationError
 
 from pvegpu.local.create_records import CreateLedger
 from pvegpu.models.vm import VmSpec
-from pvegpu.operations.pve_guest import VM, guest_running
+from pvegpu.operations.pve_guest import VM, Guest, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import MmioWindow
 from pvegpu.plan.vm import create_keys, vm_config
@@ -78,9 +78,7 @@ def converge(api: FakeApi, ledger: CreateLedger | None = None) -> tuple[list[Any
     return run_op(
         q35_vm,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=100,
+        guest=Guest(VM, api.client, "pve1", 100),
         config=CONFIG,
         create=CREATE,
         prefix="gpu",
@@ -219,9 +217,7 @@ def test_error_slot_held_by_a_device_pvegpu_does_not_own() -> None:
 
 
 def start(api: FakeApi, unbound: tuple[str, ...] = ()) -> tuple[list[Any], list[str]]:
-    return run_op(
-        guest_running, {}, kind=VM, api=api.client, node="pve1", vmid=100, unbound=unbound, timeout_s=5
-    )
+    return run_op(guest_running, {}, guest=Guest(VM, api.client, "pve1", 100), unbound=unbound, timeout_s=5)
 
 
 STATUS = "/nodes/pve1/qemu/100/status/current"
@@ -551,7 +547,7 @@ def test_a_token_without_a_root_path_is_refused_a_root_only_key_root_wrote_befor
 
     with pytest.raises(OperationError) as error:
         run_op(
-            q35_vm, {}, api=api.client, node="pve1", vmid=100, config=without_hook, create=CREATE,
+            q35_vm, {}, guest=Guest(VM, api.client, "pve1", 100), config=without_hook, create=CREATE,
             prefix="gpu", timeout_s=5,
         )  # fmt: skip
 

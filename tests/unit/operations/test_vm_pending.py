@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.operations.pve_guest import VM, guest_running
+from pvegpu.operations.pve_guest import VM, Guest, guest_running
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.operations.vm import vm_pending
 from pvegpu.plan.vm import pending_keys
@@ -83,9 +83,7 @@ def pending_op(vm: Vm, *, allow: bool, changing: bool = False) -> tuple[FakeApi,
     commands, noops = run_op(
         vm_pending,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=100,
+        guest=Guest(VM, api.client, "pve1", 100),
         allow_restart=allow,
         config_changing=lambda: changing,
         timeout_s=5,
@@ -211,7 +209,7 @@ def test_error_start_refused_by_qemu_names_the_vm_and_the_part() -> None:
         {"n": 2, "t": f"TASK ERROR: {START_FAILED}"},
     ]
     api = FakeApi(answers)
-    commands, _ = run_op(guest_running, {}, kind=VM, api=api.client, node="pve1", vmid=100, timeout_s=5)
+    commands, _ = run_op(guest_running, {}, guest=Guest(VM, api.client, "pve1", 100), timeout_s=5)
     with pytest.raises(OperationError) as error:
         execute(commands)
     assert str(error.value) == f"VM 100 did not start: {QEMU_LINE} ({START_FAILED})"

@@ -14,7 +14,8 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from pvegpu.models.pve import GuestInterface
-from pvegpu.operations.guest_known import GuestIdentity, _learn_address, _Vm
+from pvegpu.operations.guest_known import GuestIdentity, _learn_address
+from pvegpu.operations.pve_guest import VM, Guest
 from pvegpu.plan.guest_address import GuestAddressError, net0_address
 from tests.unit.fake_pve import FakeApi
 
@@ -81,7 +82,7 @@ def test_error_a_loopback_address_on_net0_fails_the_guest_before_anything_is_wri
     )  # fmt: skip
 
     with pytest.raises(OperationError) as raised:
-        _learn_address(_identity(tmp_path), api.client, _Vm("pve1", 100, None), 5)
+        _learn_address(_identity(tmp_path), Guest(VM, api.client, "pve1", 100), None, 5)
 
     assert str(raised.value) == (
         f"guest gpu-vm: VM 100's guest agent reports '127.0.0.1' on net0 ({MAC}), a loopback address pvegpu "
@@ -95,7 +96,7 @@ def test_error_a_vm_without_a_net0_mac_is_refused(tmp_path: Path) -> None:
     api = FakeApi({("GET", "/nodes/pve1/qemu/100/config"): {"net0": "virtio,bridge=vmbr0", "digest": "d"}})
 
     with pytest.raises(OperationError) as raised:
-        _learn_address(_identity(tmp_path), api.client, _Vm("pve1", 100, None), 5)
+        _learn_address(_identity(tmp_path), Guest(VM, api.client, "pve1", 100), None, 5)
 
     assert str(raised.value) == (
         "guest gpu-vm: VM 100 has no net0 MAC, the NIC whose address pvegpu takes from the guest agent"

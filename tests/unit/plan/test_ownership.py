@@ -58,9 +58,7 @@ def converge_ct(api: FakeApi, ownership: Ownership) -> tuple[list[Any], list[str
     return run_op(
         lxc_container,
         {},
-        api=api.client,
-        node="pve1",
-        vmid=200,
+        guest=Guest(CT, api.client, "pve1", 200),
         config=CONFIG,
         create=create_keys(SPEC),
         timeout_s=5,
@@ -137,9 +135,7 @@ def test_error_conversion_of_an_unmarked_vm_needs_vm_adopt() -> None:
         run_op(
             q35_conversion,
             {},
-            api=api.client,
-            node="pve1",
-            vmid=100,
+            guest=Guest(VM, api.client, "pve1", 100),
             config={},
             create={},
             prefix="gpu",
@@ -212,10 +208,7 @@ def test_noop_foreign_container_is_not_parked() -> None:
     commands, noops = run_op(
         guest_parked,
         {},
-        kind=CT,
-        api=api.client,
-        node="pve1",
-        vmid=200,
+        guest=Guest(CT, api.client, "pve1", 200),
         profile="vm",
         allow_stop=True,
         timeout_s=5,

@@ -11,7 +11,7 @@ from typing import Any
 import gevent
 import pytest
 
-from pvegpu.operations.pve_guest import VM, guest_running
+from pvegpu.operations.pve_guest import VM, Guest, guest_running
 from pvegpu.operations.vm import q35_vm
 from pvegpu.pve.client import PveClient
 from pvegpu.pve.errors import PveConnectionLostError, PveError
@@ -34,10 +34,10 @@ from tests.unit.operations.test_vm import (
 def _site_vm_ops(client: PveClient) -> list[str]:
     """deploy/site.py's q35_vm role on a node: converge the config (executed), then start the VM (prepared
     only: a start is not what is counted here); the noop sentences of both."""
-    common: dict[str, Any] = {"api": client, "node": "pve1", "vmid": 100, "timeout_s": 5}
+    common: dict[str, Any] = {"guest": Guest(VM, client, "pve1", 100), "timeout_s": 5}
     commands, converged = run_op(q35_vm, {}, config=CONFIG, create=CREATE, prefix="gpu", **common)
     execute(commands)
-    _, started = run_op(guest_running, {}, kind=VM, **common)
+    _, started = run_op(guest_running, {}, **common)
     return converged + started
 
 

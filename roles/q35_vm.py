@@ -30,14 +30,14 @@ from pvegpu.operations.cloud_image import cloud_image, disk_grown, storages_offe
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
 from pvegpu.operations.hook import self_heal
-from pvegpu.operations.p2p import guest_venv, p2p_clique
+from pvegpu.operations.p2p import p2p_clique
 from pvegpu.operations.pve_guest import VM, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.operations.vm import q35_vm, vm_pending
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.vm import VmPlan
 from pvegpu.pve.host_client import pve_client
-from pvegpu.run.plan import plan_of, unbound_now
+from pvegpu.run.plan import guest_venv, plan_of, unbound_now
 
 
 @deploy("Create and start the Q35 VM")

@@ -42,15 +42,11 @@ from typing import Literal
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from pvegpu.facts.p2p_record import parse_record
-from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.p2p import RECORD_PATH, Identity, Record
-from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
-from pvegpu.models.spec_validation import spec_of
 from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.pve_guest import Guest
 from pvegpu.operations.vm import StartFailedError, cold_restart, guest_in_run
@@ -78,15 +74,6 @@ from pvegpu.run.wait import WaitTimeoutError, wait_until
 
 KILL_AFTER_S = 5  # `timeout --kill-after`: a probe that ignores SIGTERM gets SIGKILL this much later
 POLL_S = 1.0
-
-
-def guest_venv(node_host: Host) -> str:
-    """The SGLang venv of `node_host`'s VM guest: its `sglang.venv` when the guest is in this run's inventory
-    (`guest_of` names the node), else the default."""
-    for candidate in node_host.state.inventory:
-        if candidate.data.get(GUEST_OF_KEY) == node_host.name:
-            return spec_of(candidate.data, SGLANG_KEY, SglangSpec).venv
-    return SglangSpec().venv
 
 
 def probe_script() -> str:

@@ -26,7 +26,6 @@ from pyinfra.api.operation import operation
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state, host
 
-from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.local.create_records import CreateLedger
 from pvegpu.models.hardware import HostHardware
 from pvegpu.operations.api_command import api_command, one_line_errors
@@ -35,6 +34,7 @@ from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.hostpci import HostPciError
 from pvegpu.plan.vm import VmChange, diff_vm, nvidia_gpus, pending_keys, pending_report
 from pvegpu.pve.errors import PveError, TaskFailedError
+from pvegpu.run.plan import guest_host_of
 
 
 @operation()
@@ -122,13 +122,8 @@ def cold_restart(guest: Guest, timeout_s: float) -> None:
 def guest_in_run(node_host: Host) -> bool:
     """Whether this run also converges `node_host`'s VM guest (it has operations here): a VM restart now
     would cut the guest's connection half-way, so it waits for a run without it (deploy/vm.py)."""
-    state = node_host.state
-    return any(
-        candidate.data.get(GUEST_OF_KEY) == node_host.name
-        and state.is_host_in_limit(candidate)
-        and bool(state.ops.get(candidate))
-        for candidate in state.inventory
-    )
+    guest, state = guest_host_of(node_host), node_host.state
+    return guest is not None and state.is_host_in_limit(guest) and bool(state.ops.get(guest))
 
 
 def _pending(guest: Guest) -> tuple[str, ...]:

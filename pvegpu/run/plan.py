@@ -3,12 +3,12 @@
 The plan's inputs are read here, once: the validated specs (`host.data`), the host's inventory groups and the
 PCI hardware; on a Proxmox node the hardware, CPU vendor and kernel release come from the node's one state
 read (pvegpu/run/node_state.py), which its operations then share; on a serving host, from the read of its
-hardware
-and state together when its roles asked for that first (`provide_hardware`). pyinfra calls the roles while it
-prepares a run; every role of the run then reads the same plan.
+hardware and state together when its roles asked for that first (`provide_hardware`). pyinfra calls the roles
+while it prepares a run; every role of the run then reads the same plan.
 
-The hosts a plan relates to: a VM guest's node (`node_host_of`), a node's cluster peers and which of them
-syncs the cluster's PCI mappings (`cluster_hosts`, `syncs_mappings`).
+The hosts relate to each other here alone: a VM guest's node (`node_host_of`), a node's VM guest and that
+guest's SGLang venv (`guest_host_of`, `guest_venv`), a node's cluster peers and which of them syncs the
+cluster's PCI mappings (`cluster_hosts`, `syncs_mappings`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from pvegpu.inventory.guests import GUEST_OF_KEY
 from pvegpu.models.boot import BootLoaderKind
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.hardware import HostHardware
+from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
+from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.specs import host_specs
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
@@ -83,6 +85,21 @@ def node_host_of(guest: Host) -> Host | None:
     no guest, or whose node is not in the inventory (a guest listed by hand, an inventory of guests only)."""
     name = guest.data.get(GUEST_OF_KEY)
     return guest.state.inventory.get_host(str(name), None) if name else None
+
+
+def guest_host_of(node_host: Host) -> Host | None:
+    """The VM guest of Proxmox node `node_host` in this run's inventory (the host whose `guest_of` names it);
+    None when the inventory lists none."""
+    return next(
+        (other for other in node_host.state.inventory if other.data.get(GUEST_OF_KEY) == node_host.name), None
+    )
+
+
+def guest_venv(node_host: Host) -> str:
+    """The SGLang venv of `node_host`'s VM guest: its `sglang.venv` when the guest is in this run's inventory,
+    else the default."""
+    guest = guest_host_of(node_host)
+    return SglangSpec().venv if guest is None else spec_of(guest.data, SGLANG_KEY, SglangSpec).venv
 
 
 def cluster_hosts(target: Host) -> list[Host]:

@@ -266,8 +266,12 @@ def test_doctor_reports_mapping_health_after_bios_changes(
         monkeypatch.setenv("PVEGPU_DOCTOR_DIR", str(tmp_path))
         for n, gpu in enumerate(node.manifest()["gpus"]):
             line = f"id=10de:2bb1,node={name},path={gpu['address']},iommugroup={gpu['iommu_group']}"
+            # pvegpu's mark, as it creates them (the owner: the node's name, no cluster): the doctor, like the
+            # pre-start hook, judges a repair only of mappings that carry it
             lab_ssh(
-                node, f"pvesh create /cluster/mapping/pci --id gpu{n} --map {line},subsystem-id=10de:204b"
+                node,
+                f"pvesh create /cluster/mapping/pci --id gpu{n} --map {line},subsystem-id=10de:204b "
+                f"--description 'pvegpu-owner: {name}'",
             )
         cfg = node.root / "etc/pve/mapping/pci.cfg"
         written = cfg.read_text()

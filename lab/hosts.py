@@ -523,13 +523,7 @@ def _stop_companion(name: str) -> None:
         except FileNotFoundError:
             argv = b""
         if str(state).encode() in argv:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + _STOP_TIMEOUT_S
-            while _alive(pid):
-                if time.monotonic() > deadline:
-                    os.kill(pid, signal.SIGKILL)
-                    deadline = time.monotonic() + _STOP_TIMEOUT_S
-                time.sleep(0.05)
+            _signal_until_gone(pid, signal.SIGTERM)
         pid_file.unlink()
 
 
@@ -571,7 +565,12 @@ def _kill(pid: int, state: Path) -> None:
         return  # the PID was reused by an unrelated process
     # nspawn: SIGTERM is a clean container shutdown. netns: unshare ignores SIGTERM (see _netns_argv).
     is_nspawn = argv.startswith(b"systemd-nspawn")
-    os.kill(pid, signal.SIGTERM if is_nspawn else signal.SIGKILL)
+    _signal_until_gone(pid, signal.SIGTERM if is_nspawn else signal.SIGKILL)
+
+
+def _signal_until_gone(pid: int, first: signal.Signals) -> None:
+    """Send `first`, then SIGKILL every `_STOP_TIMEOUT_S` seconds, until `pid` is gone."""
+    os.kill(pid, first)
     deadline = time.monotonic() + _STOP_TIMEOUT_S
     while _alive(pid):
         if time.monotonic() > deadline:

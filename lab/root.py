@@ -32,7 +32,8 @@ MIRROR = os.environ.get("PVEGPU_LAB_MIRROR", "http://deb.debian.org/debian")
 # Beyond minbase: what v1 hosts need (sshd, real systemd for nspawn hosts, iproute2/procps/kmod/pciutils for
 # facts and operators' habits) and what the next issues need for real boot-config runs (update-initramfs,
 # update-grub). python3 is not needed by pyinfra; it keeps ad-hoc debugging on a host comfortable;
-# python3-venv: the guest role's SGLang venv (the lab guests cannot reach Debian's mirror to install it).
+# python3-venv: the guest role's SGLang venv; prometheus-node-exporter: the exporter that
+# roles/node_exporter.py keeps on every host (the lab guests cannot reach Debian's mirror to install them).
 PACKAGES = (
     "dbus",
     "grub2-common",
@@ -42,6 +43,7 @@ PACKAGES = (
     "openssh-server",
     "pciutils",
     "procps",
+    "prometheus-node-exporter",
     "python3",
     "python3-venv",
     "systemd",

@@ -5,13 +5,11 @@ DKMS's tree). A bare-metal host's next boot is roles/doctor.py's."""
 
 from __future__ import annotations
 
-from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.plan.kernel_guard import next_boot_report
 from pvegpu.run.plan import plan_of
-from pvegpu.run.reports import next_boot
+from pvegpu.run.reports import log_next_boot
 
 
 @deploy("Report the guest's next boot")
@@ -20,8 +18,4 @@ def guest_next_boot() -> None:
     plan = plan_of(host)
     if plan.specs.node.profile != "vm" or plan.serving is None or plan.serving.driver != "guest":
         return
-    version = plan.specs.driver.version
-    ok, lines = next_boot_report(next_boot(host), version, proxmox=False, installed_only=True)
-    log = logger.info if ok else logger.warning
-    for line in lines:
-        log(f"{host.print_prefix}next boot: {line}")
+    log_next_boot(host, plan.specs.driver.version, proxmox=False, installed_only=True)

@@ -19,8 +19,6 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.inventory.validate import KNOWN_HOSTS_KEY
-from pvegpu.local.create_records import ledger_beside
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
 from pvegpu.operations.pve_guest import CT, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.plan.lxc import SHM_ENTRY, SHM_PREFIX
@@ -28,6 +26,7 @@ from pvegpu.plan.ownership import owner_id
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.container import container_plan_of, container_userspace
 from pvegpu.run.plan import plan_failures, plan_of
+from pvegpu.run.vm import guest_ledger
 
 
 @deploy("Create and start the GPU container")
@@ -47,17 +46,10 @@ def lxc_gpu() -> None:
     lxc_container(
         name="Create or converge the container with the GPU device entries",
         guest=guest,
-        config=container.config,
-        create=container.create,
+        container=container,
         timeout_s=timeout_s,
         # the identity the create runs as (root@pam: its devN entries are root-only): its task's user
-        ledger=ledger_beside(
-            host.data.get(KNOWN_HOSTS_KEY),
-            api.acts_as("POST", f"/nodes/{node.name}/lxc", {**container.config, **container.create}),
-            cluster=pve.cluster,
-            owner=pve.owner,
-            node=node.name,
-        ),
+        ledger=guest_ledger(host, "lxc", container.created_with),
         ownership=ownership,
     )
     lxc_raw_lines(

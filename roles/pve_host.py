@@ -16,7 +16,6 @@ from pyinfra.context import host
 from pvegpu.operations.cmdline import cmdline_tokens
 from pvegpu.operations.reboot import reboot_if_pending, reboot_planned, refuse_node_reboot
 from pvegpu.operations.vfio import vfio_config
-from pvegpu.plan.reboot import reboot_guard
 from pvegpu.run.node_state import node_state_of
 from pvegpu.run.plan import plan_of
 
@@ -26,12 +25,12 @@ def pve_host() -> None:
     """Kernel command line, vfio drop-ins (written or removed) + initramfs, then reboot if pending (and
     allowed) and verify."""
     plan = plan_of(host)
-    if plan.problem is not None or plan.host is None:
+    guard = plan.reboot_guard  # set with `host`: both a Proxmox node's
+    if plan.problem is not None or plan.host is None or guard is None:
         raise OperationError(f"{host.name}: {plan.problem}")
     node, spec, profile = plan.specs.node, plan.specs.host, plan.host
     state = node_state_of(host)
     boot, files = state.boot, state.boot_files
-    guard = reboot_guard(plan.specs)
     if spec.allow_reboot and reboot_planned(
         host,
         hardware=plan.hardware,

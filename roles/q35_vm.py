@@ -24,8 +24,6 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host
 
-from pvegpu.inventory.validate import KNOWN_HOSTS_KEY
-from pvegpu.local.create_records import ledger_beside
 from pvegpu.operations.cloud_image import cloud_image, disk_grown, storages_offer
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
@@ -38,6 +36,7 @@ from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.vm import VmPlan
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.plan import guest_venv, plan_of, unbound_now
+from pvegpu.run.vm import create_ledger
 
 
 @deploy("Create and start the Q35 VM")
@@ -53,7 +52,7 @@ def q35_vm_role() -> None:
     storages_offer(api, vm.storages)
     identity = None if spec.image is None else cloud_image(guest, spec, timeout_s)
     self_heal(api, node, spec, ownership.owner)  # the hookscript exists before the VM's config names it
-    configs = _config(plan, vm, guest, ownership)
+    configs = _config(vm, guest, ownership, timeout_s)
     guest_running(
         name="Start the VM and wait until it runs",
         guest=guest,
@@ -94,42 +93,29 @@ def _vm_plan(plan: NodePlan) -> VmPlan:
     return vm
 
 
-def _config(plan: NodePlan, vm: VmPlan, guest: Guest, ownership: Ownership) -> tuple[OperationMeta, ...]:
+def _config(vm: VmPlan, guest: Guest, ownership: Ownership, timeout_s: float) -> tuple[OperationMeta, ...]:
     """An installed i440FX/SeaBIOS VM converted (only when its guest can boot on OVMF), the VM created or
     converged to the plan's config, its system disk grown: the two config operations."""
-    spec, node, pve = vm.spec, guest.node, plan.specs.pve
     converting = q35_conversion(
         name="Convert an existing i440FX/SeaBIOS VM to Q35/OVMF",
         guest=guest,
-        config=vm.config,
-        create=vm.create,
-        prefix=spec.mapping_prefix,
-        timeout_s=pve.task_timeout_s,
+        vm=vm,
+        timeout_s=timeout_s,
         ownership=ownership,
     )
     converged = q35_vm(
         name="Create or converge the Q35 VM",
         guest=guest,
-        config=vm.config,
-        create=vm.create,
-        prefix=spec.mapping_prefix,
-        timeout_s=pve.task_timeout_s,
-        # the identity the create runs as (root@pam when it carries a root-only key): its task's user
-        ledger=ledger_beside(
-            host.data.get(KNOWN_HOSTS_KEY),
-            guest.api.acts_as("POST", f"/nodes/{node}/qemu", {**vm.config, **vm.create}),
-            cluster=pve.cluster,
-            owner=pve.owner,
-            node=node,
-        ),
-        keep_clique=spec.p2p == "probe",
+        vm=vm,
+        timeout_s=timeout_s,
+        ledger=create_ledger(host),
         ownership=ownership,
     )
     disk_grown(
         name="The VM's system disk has its size",
         guest=guest,
         disk="scsi0",
-        size_gib=spec.disk.size_gib,
+        size_gib=vm.spec.disk.size_gib,
     )
     return converting, converged
 

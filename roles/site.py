@@ -5,6 +5,7 @@ profile owns and why the order is so).
 before the host rebinds the GPUs; the host; then `vm`: the PCI mappings and the VM; `lxc` / `baremetal`: the
 host driver and, on `lxc`, the container — unless the GPUs stay on vfio-pci until a reboot that is not
 allowed, which the run then says. `serving` (serving hosts): the driver where the host needs one, then SGLang.
+Each ends with the node exporter and the host's gauges (roles/node_exporter.py), as the run leaves them.
 
 The one module in roles/ that imports roles (pyproject's import contract exempts it alone): the table of
 contents of deploy/site.py and deploy/guest.py, whose steps follow the plan, which an entry point (no logic)
@@ -23,6 +24,7 @@ from pvegpu.run.read_ahead import read_vm_resources_ahead
 from roles.guest_parked import guest_parked_role
 from roles.host_driver import host_driver_parked_role
 from roles.lxc_gpu import lxc_gpu
+from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.pci_mapping import pci_mapping
 from roles.pve_host import pve_host
@@ -52,6 +54,7 @@ def node_site() -> None:
         nvidia_driver(placement="pve-host")
     if steps.container:
         lxc_gpu()
+    node_exporter(serving=False)
 
 
 def serving() -> None:
@@ -63,3 +66,4 @@ def serving() -> None:
         nvidia_driver(placement=steps.driver)
     if steps.sglang:
         sglang()
+    node_exporter(serving=True)

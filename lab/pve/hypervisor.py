@@ -9,7 +9,8 @@ for the `.answer` beside it. This process runs on the lab machine (started with 
 - `{"action": "start", "vmid": N, "devices": [{"hostpci": i, "pcie": true, "functions": [...], "vendors":
   {function: "0x10de"}, "classes": {function: "0x030000"}}, ...], "machine": "q35"|"pc", "bios":
   "ovmf"|"seabios", "mac": net0's MAC, "disk": null | {"key", "volume", "path"}, "cloud_init": null |
-  {"user_data", "ipconfig0", "hostname", "mac"}, "config": {the VM's config}}` (a VM): first, real QEMU
+  {"user_data", "ipconfig0", "hostname", "mac"}, "virtiofs": [{"index": N, "dirid", "path": the directory
+  mapping's directory on the node}, ...], "config": {the VM's config}}` (a VM): first, real QEMU
   judges the command line qemu-server would build from `config` (lab.pve.qemu_cmdline, lab.pve.qemu_check:
   nothing runs); a refusal answers `{"ok": false, "error": "QEMU exited with code 1", "log": [QEMU's
   stderr lines]}` (vm_start_nolock's error; the stand-in puts the log lines in the task log) and nothing
@@ -60,7 +61,8 @@ from lab.errors import LabError
 from lab.pve import agent, container, qemu_check
 from lab.pve.guest import GuestError, Passed, guest_topology
 from lab.pve.node import GUEST_RECORD, HV_DIR
-from lab.pve.qemu_cmdline import HostPci, QemuCmdlineError
+from lab.pve.qemu_cmdline import HostPci
+from lab.pve.qemu_config import QemuCmdlineError
 from lab.topologies import TOPOLOGIES
 
 POLL_S = 0.1
@@ -107,7 +109,7 @@ def start_vm(
     image."""
     node, vmid = node_host.name, int(request["vmid"])
     try:
-        refusal = qemu_verdict(vmid, request)
+        refusal = qemu_verdict(vmid, request, node_host.root)
     except (
         QemuCmdlineError
     ) as error:  # what qemu-server's config_to_command dies of (the stand-in checks first)
@@ -161,15 +163,17 @@ def start_vm(
     return {"ok": True, "pid": guest.pid, "guest": guest.name}
 
 
-def qemu_verdict(vmid: int, request: dict[str, Any]) -> list[str] | None:
-    """Real QEMU's verdict on the start's command line (lab.pve.qemu_check): None, or QEMU's stderr lines.
-    Raises QemuCmdlineError for a config qemu-server could not turn into a command line."""
+def qemu_verdict(vmid: int, request: dict[str, Any], root: Path) -> list[str] | None:
+    """Real QEMU's verdict on the start's command line (lab.pve.qemu_check): None, or QEMU's stderr lines;
+    each virtiofsN's directory is the node's (`root`, the node's root on this machine). Raises
+    QemuCmdlineError for a config qemu-server could not turn into a command line."""
     conf = {str(k): str(v) for k, v in dict(request.get("config") or {}).items()}
     devices = [
         HostPci(int(d["hostpci"]), tuple(d["functions"]), d.get("vendors") or {}, d.get("classes") or {})
         for d in request.get("devices", [])
     ]
-    return qemu_check.verdict(vmid, conf, devices)
+    shared = {int(v["index"]): str(root / str(v["path"]).lstrip("/")) for v in request.get("virtiofs", [])}
+    return qemu_check.verdict(vmid, conf, devices, shared_dirs=shared)
 
 
 def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode) -> dict[str, Any]:

@@ -129,7 +129,8 @@ pvesh - the pvegpu lab's STAND-IN for Proxmox VE's pvesh (not Proxmox; see /usr/
 
 USAGE: pvesh <get|set|create|delete> <api_path> [OPTIONS] [--output-format json|json-pretty]
 
-Endpoints: /version, /access/permissions, /cluster/mapping/pci[/{id}], /cluster/ha/resources,
+Endpoints: /version, /access/permissions, /cluster/mapping, /cluster/mapping/{pci|dir}[/{id}],
+/cluster/ha/resources,
 /cluster/ha/status/current, /cluster/replication, /cluster/backup, /storage[/{storage}],
 /nodes/{node}/qemu, /nodes/{node}/qemu/{vmid} (delete), /nodes/{node}/qemu/{vmid}/config,
 /nodes/{node}/qemu/{vmid}/status/{current|start|stop|shutdown},

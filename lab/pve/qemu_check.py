@@ -2,10 +2,10 @@
 LAB STAND-IN for the `kvm` process a Proxmox node starts (vm_start_nolock: `QEMU exited with code 1` and
 QEMU's stderr in the task log); this is NOT Proxmox.
 
-`verdict(vmid, conf, devices, host_phys_bits)` runs Debian's qemu-system-x86_64 (7.2), started as `kvm` as on
-a node so its errors read `kvm: ...`, with `-S` (no guest code runs): QEMU parses every option, realizes every
-device, and quits on a QMP `quit`. It answers None when QEMU accepts the start, else QEMU's stderr lines.
-Where QEMU would need what the lab has not got, the lab replaces that part, and only that:
+`verdict(vmid, conf, devices, host_phys_bits, shared_dirs)` runs Debian's qemu-system-x86_64 (7.2), started as
+`kvm` as on a node so its errors read `kvm: ...`, with `-S` (no guest code runs): QEMU parses every option,
+realizes every device, and quits on a QMP `quit`. It answers None when QEMU accepts the start, else QEMU's
+stderr lines. Where QEMU would need what the lab has not got, the lab replaces that part, and only that:
 
 - accelerator: TCG (`-accel tcg`; no KVM here). TCG refuses the `host` CPU model (`CPU model 'host' requires
   KVM or HVF`), so `host` becomes `max` (the model `host` derives from: the same properties, so phys-bits,
@@ -14,12 +14,18 @@ Where QEMU would need what the lab has not got, the lab replaces that part, and 
   the node's own with host-phys-bits or the `host` model (QEMU forces host-phys-bits for it), else TCG's 40;
 - machine: `type=` without Proxmox's `+pveN` revision; a version newer than the lab QEMU's is its newest
   (`q35`, `pc`);
-- memory: every RAM backend gets `reserve=off` (guest RAM is never allocated); without NUMA the RAM is such a
-  backend too (`-machine memory-backend=`); the hugepages file backend is a RAM backend; `host-nodes` are the
-  lab machine's node 0 (the node's own NUMA nodes are the pvesh stand-in's check, as Memory.pm's);
+- memory: every RAM backend gets `reserve=off` (guest RAM is never allocated); without NUMA (and without
+  virtiofs' own backend) the RAM is such a backend too (`-machine memory-backend=`); the hugepages file
+  backend is a RAM backend; `host-nodes` are the lab machine's node 0 (the node's own NUMA nodes are the pvesh
+  stand-in's check, as Memory.pm's);
 - firmware: Debian's ovmf images (/usr/share/OVMF) for pve-edk2-firmware's; the vars drive is the firmware's
   VARS image, read-only (a lab efidisk volume holds no vars store);
-- `-readconfig`: the lab's copy of qemu-server's pve-q35-4.0.cfg (qemu_cmdline.PVE_Q35_CFG);
+- `-readconfig`: the lab's copy of qemu-server's pve-q35-4.0.cfg (qemu_q35_cfg.PVE_Q35_CFG);
+- virtiofsN: each `-chardev socket` path (qemu-server's /run/qemu-server/virtiofsd/vm<vmid>-fs<N>) is a
+  temporary socket, on which a real virtiofsd serves the mapping's directory (lab/pve/virtiofsd.py: Debian
+  12's QEMU 7.2 virtiofsd with qemu-server's options), so `vhost-user-fs-pci` is realized against a real
+  daemon (QEMU's `tag` limit, the chardev, the vhost-user handshake); its shared `memory-backend-memfd` stays
+  memfd with `share=on`;
 - vfio-pci: QEMU opens the host device (/dev/vfio) to realize one, so each becomes a `pci-testdev` with the
   same id, bus, addr, multifunction, rombar and romfile: QEMU still resolves every id (`-set
   device.hostpci0.0.x=1`: `there is no device "hostpci0" defined`), bus, slot and function. What only vfio-pci
@@ -46,13 +52,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.pve.qemu_cmdline import (
-    PVE_Q35_CFG,
-    PVE_Q35_CFG_PATH,
-    HostPci,
-    config_parts,
-    parse_property_string,
-)
+from lab.pve import virtiofsd
+from lab.pve.qemu_cmdline import VIRTIOFS_SOCKETS, HostPci, config_parts
+from lab.pve.qemu_config import QemuCmdlineError, parse_property_string, windows_version
+from lab.pve.qemu_q35_cfg import PVE_Q35_CFG, PVE_Q35_CFG_PATH
 
 QEMU = "/usr/bin/qemu-system-x86_64"
 LAB_QEMU = (7, 2)  # Debian 12's qemu-system-x86
@@ -69,7 +72,7 @@ DISPLAY_CLASS = 0x03
 # (PCIDevice's own: addr, multifunction, rombar, romfile, ...).
 STAND_IN_KEYS = ("id", "bus")
 VFIO_ONLY_KEYS = ("host", "sysfsdev")  # what needs no check run: the stand-in stands for the host device
-_TRANSFORMED = frozenset({"-cpu", "-m", "-object", "-readconfig", "-machine", "-device", "-set"})
+_TRANSFORMED = frozenset({"-cpu", "-m", "-object", "-readconfig", "-machine", "-device", "-set", "-chardev"})
 
 
 @functools.cache
@@ -132,22 +135,24 @@ def _lab_cpu(value: str, host_phys_bits: int) -> tuple[str, str | None]:
     return ",".join(["max" if model == "host" else model, *parts]), refusal
 
 
-def _lab_machine(value: str, numa: bool) -> str:
+def _lab_machine(value: str, own_backend: bool) -> str:
     flags = [flag for flag in value.split(",") if not flag.startswith("type=")]
     machine = re.sub(r"\+pve\d+$", "", value.rsplit("type=", 1)[1].split(",", maxsplit=1)[0])
     version = re.search(r"(\d+)\.(\d+)$", machine)
     if version and (int(version.group(1)), int(version.group(2))) > LAB_QEMU:
         machine = "q35" if "q35" in machine else "pc"
     flags.append(f"type={machine}")
-    return ",".join(flags + ([] if numa else [f"memory-backend={LAB_RAM}"]))
+    return ",".join(flags + ([] if own_backend else [f"memory-backend={LAB_RAM}"]))
 
 
 def _lab_memory(value: str) -> str:
+    """RAM with reserve=off (the hugepages file backend too); virtiofs' memfd stays a shared memfd."""
     driver, options = _split(value)
     lab = {"id": options["id"], "size": options["size"], "reserve": "off"}
     if "host-nodes" in options:
         lab |= {"host-nodes": "0", "policy": options["policy"]}
-    del driver  # memory-backend-ram or the hugepages file backend: both are RAM here
+    if driver == "memory-backend-memfd":
+        return f"{driver}," + ",".join(f"{k}={v}" for k, v in (lab | {"share": options["share"]}).items())
     return "memory-backend-ram," + ",".join(f"{k}={v}" for k, v in lab.items())
 
 
@@ -160,23 +165,37 @@ class LabRun:
     sets: dict[str, list[str]]  # stand-in id -> the `-set` values (verbatim) of vfio-only properties
     cpu_refusal: str | None
     originals: dict[str, str]  # `kvm: <option> <lab value>: ` -> the same with qemu-server's value
+    sockets: dict[int, str]  # virtiofsN -> the lab's socket for qemu-server's
+    socket_paths: dict[str, str]  # the lab's socket path -> qemu-server's
 
     def as_on_node(self, lines: list[str]) -> list[str]:
-        """QEMU's lines with each option the lab replaced quoted as qemu-server wrote it, and the stand-in
-        device named as the device it stands for."""
+        """QEMU's lines with each option the lab replaced quoted as qemu-server wrote it, the stand-in
+        device named as the device it stands for, and virtiofsd's sockets at qemu-server's paths."""
         quoted = [
             next((o + line[len(lab) :] for lab, o in self.originals.items() if line.startswith(lab)), line)
             for line in lines
         ]
+        for lab, node in self.socket_paths.items():
+            quoted = [line.replace(lab, node) for line in quoted]
         return [re.sub(rf"\b{STAND_IN}\b", "vfio-pci", line) for line in quoted]
 
 
-def lab_run(vmid: int, conf: Mapping[str, str], devices: Sequence[HostPci], host_phys_bits: int) -> LabRun:
-    """The first run: qemu-server's parts with the lab's replacements (module docstring)."""
+def lab_run(  # noqa: PLR0912, PLR0915 (one branch per option the lab replaces)
+    vmid: int,
+    conf: Mapping[str, str],
+    devices: Sequence[HostPci],
+    host_phys_bits: int,
+    sockets: str = VIRTIOFS_SOCKETS,
+) -> LabRun:
+    """The first run: qemu-server's parts with the lab's replacements (module docstring); `sockets` the
+    directory of the lab's virtiofsd sockets."""
     parts = config_parts(vmid, conf, devices, firmware=LAB_FIRMWARE)
     info = {f: (d.vendors.get(f), d.classes.get(f)) for d in devices for f in d.functions}
     stand_in_props = device_properties(STAND_IN)
     numa = "-numa" in parts
+    own_backend = numa or any("memory-backend=" in part for part in parts)  # virtiofs' (qemu_memory.py)
+    socket_paths: dict[str, str] = {}
+    lab_sockets: dict[int, str] = {}
     argv = ["kvm", *LAB_OPTIONS]
     passthrough: list[Passthrough] = []
     sets: dict[str, list[str]] = {}
@@ -194,14 +213,14 @@ def lab_run(vmid: int, conf: Mapping[str, str], devices: Sequence[HostPci], host
         i += 2
         if option == "-cpu":
             value, cpu_refusal = _lab_cpu(value, host_phys_bits)
-        elif option == "-m" and not numa:
+        elif option == "-m" and not own_backend:
             argv += ["-object", f"memory-backend-ram,id={LAB_RAM},size={value}M,reserve=off"]
         elif option == "-object" and value.startswith("memory-backend-"):
             value = _lab_memory(value)
         elif option == "-readconfig" and value == PVE_Q35_CFG_PATH:
             value = _q35_cfg()
         elif option == "-machine":
-            value = _lab_machine(value, numa)
+            value = _lab_machine(value, own_backend)
         elif option == "-device" and value.startswith("pcie-root-port,"):
             root_ports[_split(value)[1]["id"]] = value
         elif option == "-device" and value.startswith("vfio-pci,"):
@@ -212,6 +231,13 @@ def lab_run(vmid: int, conf: Mapping[str, str], devices: Sequence[HostPci], host
             passthrough.append(Passthrough(options["id"], value, function, vendor, class_code, root_port))
             kept = {k: v for k, v in options.items() if k in STAND_IN_KEYS or k in stand_in_props}
             value = ",".join([STAND_IN, *(f"{k}={v}" for k, v in kept.items())])
+        elif option == "-chardev" and value.startswith("socket,id=virtiofs"):
+            _, options = _split(value)
+            index = int(options["id"].removeprefix("virtiofs"))
+            lab_path = f"{sockets}/{options['path'].rsplit('/', 1)[1]}"
+            socket_paths[lab_path] = options["path"]
+            lab_sockets[index] = lab_path
+            value = value.replace(f"path={options['path']}", f"path={lab_path}")
         elif option == "-set":
             group, _, rest = value.partition(".")
             target, _, assignment = rest.partition(".")
@@ -222,7 +248,7 @@ def lab_run(vmid: int, conf: Mapping[str, str], devices: Sequence[HostPci], host
         if value != parts[i - 1]:
             originals[f"kvm: {option} {value}: "] = f"kvm: {option} {parts[i - 1]}: "
         argv += [option, value]
-    return LabRun(argv, passthrough, sets, cpu_refusal, originals)
+    return LabRun(argv, passthrough, sets, cpu_refusal, originals, lab_sockets, socket_paths)
 
 
 def _run(argv: list[str]) -> tuple[int, list[str]]:
@@ -282,14 +308,46 @@ def host_phys_bits(cpuinfo: Path = Path("/proc/cpuinfo")) -> int:
     return int(match.group(1)) if match else TCG_PHYS_BITS
 
 
+def _first_run(
+    vmid: int,
+    conf: Mapping[str, str],
+    devices: Sequence[HostPci],
+    phys_bits: int,
+    shared_dirs: Mapping[int, str],
+) -> tuple[LabRun, int, list[str]]:
+    """The first run with a virtiofsd per virtiofsN on the lab's sockets (module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="pvegpu-lab-virtiofsd-") as sockets:
+        run = lab_run(vmid, conf, devices, phys_bits, sockets)
+        missing = sorted(set(run.sockets) - set(shared_dirs))
+        if missing:
+            raise QemuCmdlineError(f"no shared directory resolved for 'virtiofs{missing[0]}'")
+        windows = windows_version(conf.get("ostype")) > 0
+        shares = [
+            virtiofsd.Share(path, _virtiofs_options(conf[f"virtiofs{i}"]), shared_dirs[i], windows)
+            for i, path in sorted(run.sockets.items())
+        ]
+        with virtiofsd.running(shares):
+            status, lines = _run(run.argv)
+    return run, status, lines
+
+
+def _virtiofs_options(value: str) -> dict[str, str]:
+    return parse_property_string(value, "dirid")
+
+
 def verdict(
-    vmid: int, conf: Mapping[str, str], devices: Sequence[HostPci], phys_bits: int | None = None
+    vmid: int,
+    conf: Mapping[str, str],
+    devices: Sequence[HostPci],
+    phys_bits: int | None = None,
+    shared_dirs: Mapping[int, str] | None = None,
 ) -> list[str] | None:
     """None when QEMU accepts the start, else QEMU's stderr lines (the first is its error). `phys_bits`: the
     node CPU's physical address bits (guest-phys-bits' bound under the `host` model; None:
-    host_phys_bits())."""
-    run = lab_run(vmid, conf, devices, host_phys_bits() if phys_bits is None else phys_bits)
-    status, lines = _run(run.argv)
+    host_phys_bits()); `shared_dirs`: each virtiofsN's directory on this machine (QemuCmdlineError when one
+    is missing)."""
+    bits = host_phys_bits() if phys_bits is None else phys_bits
+    run, status, lines = _first_run(vmid, conf, devices, bits, shared_dirs or {})
     parsing = status != 0 and bool(lines) and lines[0].startswith("kvm: -set ")  # before any CPU is realized
     if run.cpu_refusal is not None and not parsing:
         return [f"kvm: {run.cpu_refusal}"]

@@ -7,8 +7,10 @@ config_to_command), in its order: the OVMF pflash drives (OVMF.pm print_ovmf_com
 get_ovmf_files picks; the vars drive is the lab's, firmware_parts), `-smp`, `-cpu` (CPUConfig.pm
 get_cpu_options), `-m` and the NUMA objects (Memory.pm config), `-readconfig` pve-q35-4.0.cfg (q35) and the
 i440fx PCI bridges, the hostpci devices with their extra root ports (PCI.pm print_hostpci_devices: id
-`hostpciN`, or `hostpciN.J` for function J of a multifunction slot, `.0` with `multifunction=on`), `-machine`
-(its flags and `type=`), and `args` last (PVE::Tools::split_args). Nothing else qemu-server prints (QMP
+`hostpciN`, or `hostpciN.J` for function J of a multifunction slot, `.0` with `multifunction=on`), the
+virtiofsN sockets and devices (Virtiofs.pm config; their shared memory is Memory.pm's: qemu_memory.py),
+`-machine` (its flags and `type=`), and `args` last (PVE::Tools::split_args). Its pieces: qemu_config.py (the
+config's values, the machine), qemu_memory.py, qemu_q35_cfg.py. Nothing else qemu-server prints (QMP
 sockets, disks, NICs, VGA, USB, balloon, -global, -rtc, taskset for `affinity`) is built; not modelled either:
 memory and CPU hotplug, custom CPU models, Windows 7's PCIe addresses, vIOMMU, SEV/TDX, legacy IGD, a
 hostpci's `bootindex` (`boot: order=`), x-vga's Hyper-V vendor id, the `+pveN` revision a feature may require
@@ -24,132 +26,22 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-NODE_QEMU = (10, 1)  # Proxmox VE 9.1's pve-qemu-kvm: the machine version of an unpinned VM
-PVE_FIRMWARE = "/usr/share/pve-edk2-firmware/"  # OVMF.pm $EDK2_FW_BASE
-PVE_Q35_CFG_PATH = "/usr/share/qemu-server/pve-q35-4.0.cfg"
-MAX_HOSTPCI = 16  # PCI.pm $MAX_HOSTPCI_DEVICES
-MAX_NUMA = 8  # Memory.pm $MAX_NUMA
+from lab.pve.qemu_config import (
+    NODE_QEMU,
+    Machine,
+    QemuCmdlineError,
+    as_bool,
+    parse_property_string,
+    vm_machine,
+    windows_version,
+)
+from lab.pve.qemu_memory import memory_parts
+from lab.pve.qemu_q35_cfg import PVE_Q35_CFG_PATH
 
-# qemu-server src/usr/pve-q35-4.0.cfg (the devices a q35 VM gets from `-readconfig`), without its comments and
-# blank lines.
-PVE_Q35_CFG = """\
-[device "ehci"]
-  driver = "ich9-usb-ehci1"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1d.7"
-[device "uhci-1"]
-  driver = "ich9-usb-uhci1"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1d.0"
-  masterbus = "ehci.0"
-  firstport = "0"
-[device "uhci-2"]
-  driver = "ich9-usb-uhci2"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1d.1"
-  masterbus = "ehci.0"
-  firstport = "2"
-[device "uhci-3"]
-  driver = "ich9-usb-uhci3"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1d.2"
-  masterbus = "ehci.0"
-  firstport = "4"
-[device "ehci-2"]
-  driver = "ich9-usb-ehci2"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1a.7"
-[device "uhci-4"]
-  driver = "ich9-usb-uhci4"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1a.0"
-  masterbus = "ehci-2.0"
-  firstport = "0"
-[device "uhci-5"]
-  driver = "ich9-usb-uhci5"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1a.1"
-  masterbus = "ehci-2.0"
-  firstport = "2"
-[device "uhci-6"]
-  driver = "ich9-usb-uhci6"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1a.2"
-  masterbus = "ehci-2.0"
-  firstport = "4"
-[device "audio0"]
-  driver = "ich9-intel-hda"
-  bus = "pcie.0"
-  addr = "1b.0"
-[device "ich9-pcie-port-1"]
-  driver = "pcie-root-port"
-  x-speed = "16"
-  x-width = "32"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1c.0"
-  port = "1"
-  chassis = "1"
-[device "ich9-pcie-port-2"]
-  driver = "pcie-root-port"
-  x-speed = "16"
-  x-width = "32"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1c.1"
-  port = "2"
-  chassis = "2"
-[device "ich9-pcie-port-3"]
-  driver = "pcie-root-port"
-  x-speed = "16"
-  x-width = "32"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1c.2"
-  port = "3"
-  chassis = "3"
-[device "ich9-pcie-port-4"]
-  driver = "pcie-root-port"
-  x-speed = "16"
-  x-width = "32"
-  multifunction = "on"
-  bus = "pcie.0"
-  addr = "1c.3"
-  port = "4"
-  chassis = "4"
-[device "pcidmi"]
-  driver = "i82801b11-bridge"
-  bus = "pcie.0"
-  addr = "1e.0"
-[device "pci.0"]
-  driver = "pci-bridge"
-  bus = "pcidmi"
-  addr = "1.0"
-  chassis_nr = "1"
-[device "pci.1"]
-  driver = "pci-bridge"
-  bus = "pcidmi"
-  addr = "2.0"
-  chassis_nr = "2"
-[device "pci.2"]
-  driver = "pci-bridge"
-  bus = "pcidmi"
-  addr = "3.0"
-  chassis_nr = "3"
-[device "pci.3"]
-  driver = "pci-bridge"
-  bus = "pcidmi"
-  addr = "4.0"
-  chassis_nr = "4"
-"""
+PVE_FIRMWARE = "/usr/share/pve-edk2-firmware/"  # OVMF.pm $EDK2_FW_BASE
+MAX_HOSTPCI = 16  # PCI.pm $MAX_HOSTPCI_DEVICES
+MAX_VIRTIOFS = 10  # Virtiofs.pm $MAX_VIRTIOFS
+VIRTIOFS_SOCKETS = "/run/qemu-server/virtiofsd"  # Virtiofs.pm $socket_path_root
 
 # PCI.pm get_pci_addr_map (the hostpci entries) and get_pcie_addr_map, print_pcie_root_port.
 _PCI_ADDR = {0: (0, 16), 1: (0, 17), 2: (0, 27), 3: (0, 28)} | {i: (2, 9 + i) for i in range(4, MAX_HOSTPCI)}
@@ -157,10 +49,6 @@ _ROOT_PORT_ADDR = {i: f"{0x10 + (i - 4) // 8:x}.{(i - 4) % 8}" for i in range(4,
 # CPUConfig.pm: models whose vendor is not 'default' get `vendor=`; the lab knows these models' vendors.
 _DEFAULT_VENDOR_MODELS = {"host", "max", "kvm32", "kvm64", "qemu32", "qemu64"}
 _AMD_MODELS = re.compile(r"(?i)(epyc|opteron|phenom|athlon)")
-
-
-class QemuCmdlineError(Exception):
-    """A config this module cannot build (qemu-server's `die` texts where it has one)."""
 
 
 @dataclass(frozen=True)
@@ -173,72 +61,6 @@ class HostPci:
     functions: tuple[str, ...]
     vendors: Mapping[str, str] = field(default_factory=dict)
     classes: Mapping[str, str] = field(default_factory=dict)
-
-
-def parse_property_string(text: str, default_key: str | None = None) -> dict[str, str]:
-    """`key=value,...` (PVE::JSONSchema parse_property_string, without the schema): a part without `=` is the
-    default key's value."""
-    values: dict[str, str] = {}
-    for part in text.split(",") if text else []:
-        key, sep, value = part.partition("=")
-        if not sep:
-            if default_key is None:
-                raise QemuCmdlineError(f"value without key, but schema does not define a default key: {part}")
-            key, value = default_key, part
-        values[key] = value
-    return values
-
-
-def _version(text: str) -> tuple[int, int] | None:
-    match = re.search(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def windows_version(ostype: str | None) -> int:
-    """QemuServer::Helpers::windows_version."""
-    if ostype in ("wxp", "w2k3", "w2k"):
-        return 5
-    if ostype in ("w2k8", "wvista"):
-        return 6
-    match = re.fullmatch(r"win(\d+)", ostype or "")
-    return int(match.group(1)) if match else 0
-
-
-def _bool(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.lower() in ("1", "on", "yes", "true")
-
-
-@dataclass(frozen=True)
-class Machine:
-    """Machine.pm get_vm_machine: the `type=` printed (without its +pve revision) and the machine version."""
-
-    type: str
-    version: tuple[int, int]
-    q35: bool
-
-    def at_least(self, major: int, minor: int) -> bool:
-        """The `$version_guard` / min_version of config_to_command (the +pve revision is not modelled)."""
-        return self.version >= (major, minor)
-
-
-def vm_machine(conf: Mapping[str, str], kvm_version: tuple[int, int] = NODE_QEMU) -> Machine:
-    """The machine a start uses: an unpinned `pc`/`q35` is the node's QEMU version, a Windows one is pinned to
-    5.1 (or its `meta` creation-qemu from 9.1 on), a pinned `pc-q35-X.Y[+pveN]` is X.Y."""
-    machine_type = parse_property_string(conf.get("machine", ""), "type").get("type") or "pc"
-    q35 = "q35" in machine_type
-    if machine_type in ("pc", "q35"):
-        if windows_version(conf.get("ostype")):
-            created = _version(parse_property_string(conf.get("meta", "")).get("creation-qemu", ""))
-            base = created if created is not None and created >= (9, 1) else (5, 1)
-            flavour = "pc-q35" if q35 else "pc-i440fx"
-            return Machine(f"{flavour}-{base[0]}.{base[1]}", base, q35)
-        return Machine(machine_type, kvm_version, q35)
-    pinned = _version(machine_type)
-    if pinned is None:
-        raise QemuCmdlineError(f"unable to parse machine version '{machine_type}'")
-    return Machine(re.sub(r"\+pve\d+$", "", machine_type), pinned, q35)
 
 
 # --- -cpu: CPUConfig.pm get_cpu_options --------------------------------------------------------------------
@@ -320,7 +142,7 @@ def cpu_option(conf: Mapping[str, str], machine: Machine, kvm: bool, kvm_off: bo
     if model.startswith("custom-"):
         raise QemuCmdlineError(f"custom CPU model '{model}' is not modelled")
     if "hidden" in cpu:
-        kvm_off = _bool(cpu["hidden"], False)
+        kvm_off = as_bool(cpu["hidden"], False)
     vm_flags: dict[str, _Flag] = {}
     for flag in cpu.get("flags", "").split(";") if cpu.get("flags") else []:
         match = re.fullmatch(r"([+-])([a-zA-Z0-9\-_\.]+)", flag)
@@ -333,81 +155,6 @@ def cpu_option(conf: Mapping[str, str], machine: Machine, kvm: bool, kvm_off: bo
         f",{f.op}{name}" + (f"={f.value}" if f.value else "") for name, f in sorted(resolved.items())
     )
     return text + _phys_bits(cpu)
-
-
-# --- memory: Memory.pm config -----------------------------------------------------------------------------
-
-
-def _memory_mib(conf: Mapping[str, str]) -> int:
-    match = re.match(r"(?:current=)?(\d+)", conf.get("memory", "512"))
-    return int(match.group(1)) if match else 512
-
-
-def _hugepage_kib(conf: Mapping[str, str], size_mib: float) -> int:
-    """Memory.pm hugepages_size: `2` 2 MiB pages, `1024` 1 GiB, `any` 1 GiB when the size is a multiple."""
-    pages = conf["hugepages"]
-    if pages == "any":
-        return 1048576 if size_mib % 1024 == 0 else 2048
-    return int(pages) * 1024
-
-
-def _mem_object(conf: Mapping[str, str], memdev: str, size: str) -> str:
-    """Memory.pm print_mem_object."""
-    if conf.get("hugepages"):
-        path = f"/run/hugepages/kvm/{_hugepage_kib(conf, float(size))}kB"
-        return f"memory-backend-file,id={memdev},size={size}M,mem-path={path},share=on,prealloc=yes"
-    return f"memory-backend-ram,id={memdev},size={size}M"
-
-
-def _numa_cpus(text: str) -> str:
-    return ",cpus=".join(text.split(";"))
-
-
-def memory_parts(conf: Mapping[str, str], sockets: int, cores: int) -> list[str]:
-    """`-m` and, with `numa: 1`, each node's RAM object and `-numa node` (the numaN keys, or one node per
-    socket without them)."""
-    memory = _memory_mib(conf)
-    parts = ["-m", str(memory)]
-    if conf.get("hugepages") and not _bool(conf.get("numa"), False):
-        raise QemuCmdlineError("numa needs to be enabled to use hugepages")
-    if not _bool(conf.get("numa"), False):
-        return parts
-    total = 0.0
-    for index in range(MAX_NUMA):
-        if not conf.get(f"numa{index}"):
-            continue
-        numa = parse_property_string(conf[f"numa{index}"])
-        if not numa.get("memory"):
-            raise QemuCmdlineError(f"missing NUMA node{index} memory value")
-        total += float(numa["memory"])
-        memdev = f"ram-node{index}"
-        mem_object = _mem_object(conf, memdev, numa["memory"])
-        if "cpus" not in numa:
-            raise QemuCmdlineError(f"missing NUMA node{index} cpus")
-        if "hostnodes" in numa:
-            hostnodes = numa["hostnodes"].replace(";", ",")
-            if "policy" not in numa:
-                raise QemuCmdlineError(f"you need to define a policy for hostnode {hostnodes}")
-            mem_object += f",host-nodes={hostnodes},policy={numa['policy']}"
-        elif conf.get("hugepages"):
-            raise QemuCmdlineError("numa hostnodes need to be defined to use hugepages")
-        parts += [
-            "-object",
-            mem_object,
-            "-numa",
-            f"node,nodeid={index},cpus={_numa_cpus(numa['cpus'])},memdev={memdev}",
-        ]
-    if total and total != memory:
-        raise QemuCmdlineError("total memory for NUMA nodes must be equal to vm static memory")
-    if not total:
-        size = memory / sockets
-        for index in range(sockets):
-            first = cores * index
-            cpus = f"{first}-{first + cores - 1}" if cores > 1 else str(first)
-            printed = str(int(size)) if size == int(size) else str(size)
-            parts += ["-object", _mem_object(conf, f"ram-node{index}", printed)]
-            parts += ["-numa", f"node,nodeid={index},cpus={cpus},memdev=ram-node{index}"]
-    return parts
 
 
 # --- hostpci: PCI.pm print_hostpci_devices ----------------------------------------------------------------
@@ -427,7 +174,7 @@ def hostpci_parts(
         if index not in chosen:
             raise QemuCmdlineError(f"no host functions resolved for '{key}'")
         options = parse_property_string(conf[key], "host")
-        pcie = _bool(options.get("pcie"), False)
+        pcie = as_bool(options.get("pcie"), False)
         if pcie and not machine.q35:
             raise QemuCmdlineError("q35 machine model is not enabled")
         if pcie:
@@ -463,8 +210,8 @@ def hostpci_parts(
 def _first_function(conf: Mapping[str, str], options: Mapping[str, str], multifunction: bool) -> str:
     """What print_hostpci_devices adds to a slot's first function: rombar=0, x-vga (not with OVMF),
     multifunction=on, romfile, the x-pci-* id overrides."""
-    text = ",rombar=0" if "rombar" in options and not _bool(options["rombar"], True) else ""
-    text += ",x-vga=on" if _bool(options.get("x-vga"), False) and conf.get("bios") != "ovmf" else ""
+    text = ",rombar=0" if "rombar" in options and not as_bool(options["rombar"], True) else ""
+    text += ",x-vga=on" if as_bool(options.get("x-vga"), False) and conf.get("bios") != "ovmf" else ""
     text += ",multifunction=on" if multifunction else ""
     text += f",romfile=/usr/share/kvm/{options['romfile']}" if options.get("romfile") else ""
     for option in ("vendor-id", "device-id", "sub-vendor-id", "sub-device-id"):
@@ -475,7 +222,7 @@ def _first_function(conf: Mapping[str, str], options: Mapping[str, str], multifu
 def _kvm_off(conf: Mapping[str, str]) -> bool:
     """print_hostpci_devices' `$kvm_off`: a GPU passed with x-vga hides KVM."""
     return any(
-        _bool(parse_property_string(conf[f"hostpci{i}"], "host").get("x-vga"), False)
+        as_bool(parse_property_string(conf[f"hostpci{i}"], "host").get("x-vga"), False)
         for i in range(MAX_HOSTPCI)
         if conf.get(f"hostpci{i}")
     )
@@ -489,7 +236,7 @@ def ovmf_files(conf: Mapping[str, str], q35: bool) -> tuple[str, str]:
     efidisk = parse_property_string(conf.get("efidisk0", ""), "file")
     if efidisk.get("efitype") == "4m":
         code = "OVMF_CODE_4M.secboot.fd" if q35 else "OVMF_CODE_4M.fd"
-        return code, "OVMF_VARS_4M.ms.fd" if _bool(
+        return code, "OVMF_VARS_4M.ms.fd" if as_bool(
             efidisk.get("pre-enrolled-keys"), False
         ) else "OVMF_VARS_4M.fd"
     return "OVMF_CODE.fd", "OVMF_VARS.fd"
@@ -528,6 +275,28 @@ def firmware_parts(conf: Mapping[str, str], machine: Machine, firmware: str) -> 
     ], []
 
 
+# --- virtiofs: Virtiofs.pm config ---------------------------------------------------------------------------
+
+
+def virtiofs_enabled(conf: Mapping[str, str]) -> bool:
+    """Virtiofs.pm virtiofs_enabled: any virtiofsN set."""
+    return any(conf.get(f"virtiofs{i}") for i in range(MAX_VIRTIOFS))
+
+
+def virtiofs_parts(vmid: int, conf: Mapping[str, str]) -> list[str]:
+    """Each virtiofsN's vhost-user socket (virtiofsd's, Virtiofs.pm start_virtiofsd) and its
+    `vhost-user-fs-pci` device, the mapping id its mount tag; queue-size 1024 as upstream (a Windows guest
+    bug). The mapping's checks are the stand-in's (pvelib/mapping_dir.py virtiofs_dirs)."""
+    parts: list[str] = []
+    for index in range(MAX_VIRTIOFS):
+        if not conf.get(f"virtiofs{index}"):
+            continue
+        dirid = parse_property_string(conf[f"virtiofs{index}"], "dirid").get("dirid", "")
+        parts += ["-chardev", f"socket,id=virtiofs{index},path={VIRTIOFS_SOCKETS}/vm{vmid}-fs{index}"]
+        parts += ["-device", f"vhost-user-fs-pci,queue-size=1024,chardev=virtiofs{index},tag={dirid}"]
+    return parts
+
+
 # --- the whole ----------------------------------------------------------------------------------------------
 
 
@@ -540,7 +309,7 @@ def config_parts(
 ) -> list[str]:
     """qemu-server's argv parts for `conf` (module docstring), `devices` the hostpciN functions chosen."""
     machine = vm_machine(conf, kvm_version)
-    kvm = _bool(conf.get("kvm"), True)
+    kvm = as_bool(conf.get("kvm"), True)
     parts, machine_flags = firmware_parts(conf, machine, firmware)
     sockets = int(conf.get("sockets") or conf.get("smp") or 1)
     cores = int(conf.get("cores") or 1)
@@ -551,7 +320,9 @@ def config_parts(
     if winversion >= 6 or (conf.get("ostype") == "l26" and machine.at_least(10, 1)):
         machine_flags.append("hpet=off")  # Cfg2Cmd/Timer.pm
     parts += ["-cpu", cpu_option(conf, machine, kvm, _kvm_off(conf))]
-    parts += memory_parts(conf, sockets, cores)
+    memory, memory_flags = memory_parts(conf, sockets, cores, virtiofs_enabled(conf))
+    parts += memory
+    machine_flags += memory_flags
     devices_parts: list[str] = []
     if machine.q35:
         devices_parts += ["-readconfig", PVE_Q35_CFG_PATH]
@@ -559,6 +330,7 @@ def config_parts(
         devices_parts += ["-device", "pci-bridge,id=pci.1,chassis_nr=1,bus=pci.0,addr=0x1e"]
         devices_parts += ["-device", "pci-bridge,id=pci.2,chassis_nr=2,bus=pci.0,addr=0x1f"]
     devices_parts += hostpci_parts(vmid, conf, devices, machine)
+    devices_parts += virtiofs_parts(vmid, conf)  # config_to_command: the last devices
     parts += devices_parts
     if not kvm:
         machine_flags.append("accel=tcg")

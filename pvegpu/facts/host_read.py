@@ -33,6 +33,8 @@
     probe     only when requested: SGLang's readiness probe (`pvegpu.facts.sglang.probe_command`), run in
               the background from the start of the command, so its HTTP calls overlap the other parts;
               nothing when the shell could not make its temporary file (the probe is then not read)
+    next_boot only when requested: `next_boot.NextBoot`'s output (the kernel booted next, the modules DKMS
+              built), PACKED in one line (`parsing.PACK`: its own section markers stay inside)
     end
 
 `parse_state` is pure and strict: output of another shape raises FactParseError naming the line. A request
@@ -54,12 +56,14 @@ from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.model_store import parse_store, store_command
+from pvegpu.facts.next_boot import NextBoot, parse_next_boot
 from pvegpu.facts.nvidia import nvidia_smi_command, parse_nvidia_smi, parse_version_file
 from pvegpu.facts.p2p_record import parse_record
-from pvegpu.facts.parsing import ParseError
+from pvegpu.facts.parsing import PACK, ParseError, unpacked
 from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
 from pvegpu.facts.sections import marker, split_sections
 from pvegpu.facts.sglang import VERSION_SCRIPT, Probe, VenvState, parse_probe, parse_venv, probe_command
+from pvegpu.models.boot import KernelBoot
 from pvegpu.models.guest_state import MISSING, PathKind, PathState, UnitState, UserEntry
 from pvegpu.models.model_store import StoreFile
 from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
@@ -72,7 +76,7 @@ SECTIONS = (
     "end",
 )  # fmt: skip
 # Printed only when requested (in this order, before `end`), so a read without them keeps its old shape.
-_OPTIONAL = ("initramfs", "records", "layers", "store", "probe")
+_OPTIONAL = ("initramfs", "records", "layers", "store", "probe", "next_boot")
 # pyinfra's readings of systemd's states (pyinfra.facts.systemd): these SubStates are "running", these
 # UnitFileStates "enabled"; the operations that replace pyinfra's decide exactly as it did.
 RUNNING_SUBSTATES = frozenset({"running", "waiting", "exited", "listening", "mounted"})
@@ -102,6 +106,7 @@ class StateRequest:
     initramfs_after: str | None = None
     version_file: str = "/proc/driver/nvidia/version"
     probe: ProbeTarget | None = None
+    next_boot: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,7 @@ class HostState:
     stale_initramfs: tuple[str, ...] = ()
     probe: Probe | None = None
     probe_target: ProbeTarget | None = None
+    next_boot: KernelBoot | None = None  # None: not requested
 
     def path(self, path: str) -> PathState:
         if path not in self.paths:
@@ -234,6 +240,7 @@ def state_command(request: StateRequest) -> str:
             else []
         ),
         *([_probe_part()] if request.probe is not None else []),
+        *([_next_boot_part()] if request.next_boot else []),
         f"{_open('end')}",
     ]
     command = f"{_started(_SMI, nvidia_smi_command())}; " + "; ".join(f"{{ {part}; }}" for part in parts)
@@ -265,6 +272,10 @@ def _started(var: str, command: str) -> str:
 
 def _collected(var: str, command: str) -> str:
     return f'if [ -n "${var}" ]; then wait "${var}_pid"; cat "${var}"; rm -f "${var}"; else {command}; fi'
+
+
+def _next_boot_part() -> str:
+    return f"{_open('next_boot')}; {{ {NextBoot().command()}; }} | {PACK}; echo"
 
 
 def _probe_part() -> str:
@@ -301,6 +312,9 @@ def parse_state(lines: Sequence[str]) -> HostState:
             p2p_record=parse_record(records.get(RECORD_PATH)),
             stale_initramfs=_initramfs(sections.get("initramfs", [])),
             probe=parse_probe(text("probe")) if sections.get("probe") else None,
+            next_boot=(
+                parse_next_boot(unpacked(text("next_boot"), "next boot")) if "next_boot" in sections else None
+            ),
         )
     except FactParseError:
         raise

@@ -23,7 +23,9 @@ The parts, in order, each opened by a line `#pvegpu-node:<part>` and parsed by t
 - `qemu`, only when the request names VM ids: per VM a line `<vmid>\t<pidfile>\t<cmdline>\t<state>`: the
   base64 of the first line of /var/run/qemu-server/<vmid>.pid, and when that is a PID, the base64 of its
   /proc/<pid>/cmdline and the state letter of its /proc/<pid>/stat; `-` for what is not there. What
-  qemu-server's `check_running` reads: pvegpu/facts/pve_files.py `qemu_running` decides as it does.
+  qemu-server's `check_running` reads: pvegpu/facts/pve_files.py `qemu_running` decides as it does;
+- `exporter`, only when the request names pvegpu's textfiles: the node exporter's package, unit and those
+  files' sha256 (pvegpu/facts/exporter_read.py), what roles/node_exporter.py decides from.
 
 A part whose command fails (a sysfs root that is not a directory, a missing command line file) fails the whole
 read with that command's message, as its own fact did.
@@ -44,18 +46,20 @@ from typing_extensions import override
 from pvegpu.facts.boot import KernelCmdline, parse_cmdline
 from pvegpu.facts.cpu import CpuAndKernel, parse_cpu_kernel
 from pvegpu.facts.errors import FactParseError, fact_errors
+from pvegpu.facts.exporter_read import exporter_command, parse_exporter
 from pvegpu.facts.hardware import hardware_command, parse_hardware
 from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
 from pvegpu.facts.node_boot import node_boot_command, parse_node_boot
 from pvegpu.facts.parsing import PACK, unpacked
 from pvegpu.facts.pvegpu_boot import BootFiles
 from pvegpu.models.boot import BootLoaderInfo, CpuKernel
+from pvegpu.models.exporter import EXPORTER_PACKAGE, EXPORTER_SERVICE, ExporterState
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.host_driver import HostDriverState
 from pvegpu.models.pve import QEMU_RUN_DIR, QemuProcess
 
-PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "qemu", "end")
-OPTIONAL_PARTS = ("pve", "qemu")  # printed only when requested
+PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "qemu", "exporter", "end")
+OPTIONAL_PARTS = ("pve", "qemu", "exporter")  # printed only when requested
 PART_MARKER = "#pvegpu-node:"
 STORAGE_CFG = "/etc/pve/storage.cfg"
 DEFAULT_STORAGE_DIR = "/var/lib/vz"
@@ -82,6 +86,7 @@ class NodeStateRequest:
     # (algorithm, file name) of image files hashed in each storage's `import/`, unless `image_unless` exists.
     image_files: tuple[tuple[str, str], ...] = ()
     image_unless: str | None = None
+    exporter_files: tuple[str, ...] = ()  # pvegpu's textfiles: with them, the `exporter` part
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ class NodeState:
     qemu_processes: Mapping[int, QemuProcess] = field(default_factory=dict)
     image_algorithms: Mapping[str, str] = field(default_factory=dict)  # path -> algorithm it was hashed with
     image_digests: Mapping[str, str] = field(default_factory=dict)
+    exporter: ExporterState | None = None  # None: not requested
 
     def image_digest(self, path: str, algorithm: str) -> str | None:
         """The `algorithm` digest of the image file at `path` (None: no such file). KeyError when the read did
@@ -141,6 +147,11 @@ def node_read_command(request: NodeStateRequest) -> str:
         ),
         **({"pve": pve_files_command(request.pve_files)} if request.pve_files else {}),
         **({"qemu": qemu_processes_command(request.vmids)} if request.vmids else {}),
+        **(
+            {"exporter": exporter_command(EXPORTER_PACKAGE, EXPORTER_SERVICE, request.exporter_files)}
+            if request.exporter_files
+            else {}
+        ),
     }
     lines = [
         f"echo {shlex.quote(PART_MARKER + name)}\n( {script}\n) || exit $?" for name, script in parts.items()
@@ -217,7 +228,12 @@ def parse_node_state(lines: Sequence[str]) -> NodeState:
         qemu_processes=parse_qemu_processes(parts.get("qemu", [])),
         image_algorithms=images[0],
         image_digests=images[1],
+        exporter=_parse_exporter(parts.get("exporter")),
     )
+
+
+def _parse_exporter(lines: Sequence[str] | None) -> ExporterState | None:
+    return None if lines is None else parse_exporter(lines)
 
 
 def _split_parts(lines: Sequence[str]) -> dict[str, list[str]]:

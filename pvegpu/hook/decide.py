@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pvegpu.models.hardware import HostHardware
 from pvegpu.models.pve import PciMapping
-from pvegpu.plan.heal import Status, plan_heal
+from pvegpu.plan.heal import GpuHeal, Status, plan_heal
 from pvegpu.plan.mapping import managed_index
 from pvegpu.plan.ownership import MAPPING_SWITCH
 
@@ -70,11 +70,13 @@ class Repair:
 
 @dataclass(frozen=True)
 class Decision:
-    """`lines` to print (task log), `repairs` to write before the start goes on, `refused`: exit 1."""
+    """`lines` to print (task log), `repairs` to write before the start goes on, `refused`: exit 1; `gpus`:
+    the decision per GPU mapping of the VM (its gauges, pvegpu/plan/gauges.py)."""
 
     lines: tuple[str, ...]
     repairs: tuple[Repair, ...]
     refused: bool
+    gpus: tuple[GpuHeal, ...] = field(default=(), compare=False)  # detail of `lines`: not compared
 
 
 def mapped_ids(config_text: str) -> tuple[str, ...]:
@@ -112,7 +114,8 @@ def decide(
         return Decision((f"{PREFIX}{vm}: no mapping {missing} in pci.cfg; run: {FIX_COMMAND}",), (), True)
     drifted = [gpu for gpu in gpus if gpu.status is Status.REPAIRED]
     if plan.ok and not drifted:
-        return Decision((f"{PREFIX}{vm} on {start.node}: {len(gpus)} GPU mappings valid",), (), False)
+        valid = f"{PREFIX}{vm} on {start.node}: {len(gpus)} GPU mappings valid"
+        return Decision((valid,), (), False, tuple(gpus))
     if plan.ok and start.mode is Mode.REPAIR:
         old = {section.id: section.map for section in sections}
         repairs = tuple(
@@ -120,14 +123,14 @@ def decide(
             for section in plan.sections
             if section.id in {gpu.mapping for gpu in drifted}
         )
-        return Decision(tuple(PREFIX + gpu.line for gpu in gpus), repairs, False)
+        return Decision(tuple(PREFIX + gpu.line for gpu in gpus), repairs, False, tuple(gpus))
     if plan.ok:
         lines = [PREFIX + gpu.finding for gpu in gpus]
         lines.append(
             f"{PREFIX}{vm} not started: vm.self_heal is check, so nothing is written; to repair, run: "
             f"{FIX_COMMAND}"
         )
-        return Decision(tuple(lines), (), True)
+        return Decision(tuple(lines), (), True, tuple(gpus))
     lines = [PREFIX + gpu.line for gpu in gpus]
     lines.extend(f"{PREFIX}{start.node}: {sentence}, not repaired" for sentence in plan.added)
     if plan.hardware_changed:
@@ -142,4 +145,4 @@ def decide(
             f"{'lacks' if one else 'lack'} its mark; to let pvegpu repair {'it' if one else 'them'}, set "
             f"{MAPPING_SWITCH}: true, then run: {FIX_COMMAND}"
         )
-    return Decision(tuple(lines), (), True)
+    return Decision(tuple(lines), (), True, tuple(gpus))

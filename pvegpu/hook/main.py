@@ -5,7 +5,9 @@ wrapper adds the options the inventory gives (`--mode`, `--prefix`, `--owner`, `
 `--owner` no mapping is pvegpu's, so none is repaired. Phases other than `pre-start` exit 0 at once. On
 `pre-start` the hook reads the VM's config and /etc/pve/mapping/pci.cfg (the files Proxmox's own check reads
 next), the node's PCI hardware, decides (decide.py), prints its lines to the task log, writes the repairs
-with `pvesh set ... --digest` and exits 0 (start) or 1 (refused: the VM does not start).
+with `pvesh set ... --digest` and exits 0 (start) or 1 (refused: the VM does not start). Last, it writes its
+result, the time and each GPU mapping's health after its repairs to the node exporter's textfile directory
+(`pvegpu_hook.prom`, pvegpu/plan/gauges.py), when that directory exists; an unexpected error writes `failed`.
 
 Each repair re-reads pci.cfg and writes only when the mapping still holds what the decision was made on, with
 that file's digest: a concurrent edit is never overwritten; the start then fails saying so, and the next start
@@ -45,13 +47,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         node = os.uname().nodename.split(".")[0]
         start = Start(args.vmid, node, Mode(args.mode), args.prefix, args.owner)
-        return pre_start(start, Path(args.pve_root), Path(args.sysfs_root), args.pvesh, args.timeout)
+        textfiles = None if args.textfile_dir is None else Path(args.textfile_dir)
+        return pre_start(
+            start, Path(args.pve_root), Path(args.sysfs_root), args.pvesh, args.timeout, textfiles=textfiles
+        )
     except Exception as error:  # any failure leaves the start to Proxmox (module docstring)
         line = failure_line(args.vmid, error)
         print(line, flush=True)
         syslog.openlog(JOURNAL_TAG)
         syslog.syslog(syslog.LOG_WARNING, line)
+        _failed_gauges(args)
         return 0
+
+
+def _failed_gauges(args: argparse.Namespace) -> None:
+    """The `failed` result in the hook's textfile, when the hook's own modules still import."""
+    try:
+        from pvegpu.hook.decide import Mode, Start  # noqa: PLC0415
+        from pvegpu.hook.pre_start import gauges_path, write_gauges  # noqa: PLC0415
+
+        node = os.uname().nodename.split(".")[0]
+        start = Start(args.vmid, node, Mode(args.mode), args.prefix, args.owner)
+        textfiles = None if args.textfile_dir is None else Path(args.textfile_dir)
+        write_gauges(gauges_path(textfiles), start, "failed")
+    except Exception:  # the failure is already logged; the start goes on
+        return
 
 
 def failure_line(vmid: int, error: Exception) -> str:
@@ -72,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--sysfs-root", default="/sys")
     parser.add_argument("--pve-root", default="/", help="where /etc/pve is (tests)")
     parser.add_argument("--pvesh", default=PVESH)
+    parser.add_argument("--textfile-dir", help="the node exporter's textfile directory (default: Debian's)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per command it runs")
     parser.add_argument("vmid", type=int)
     parser.add_argument("phase")

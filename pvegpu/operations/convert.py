@@ -43,7 +43,7 @@ from pvegpu.plan.convert import (
 )
 from pvegpu.plan.guest_leftovers import left_by_a_create
 from pvegpu.plan.hostpci import HostPciError
-from pvegpu.plan.vm import VmChange, diff_vm
+from pvegpu.plan.vm import VmChange, VmPlan, diff_vm
 from pvegpu.pve.errors import PveError
 
 
@@ -52,14 +52,13 @@ from pvegpu.pve.errors import PveError
 def q35_conversion(
     *,
     guest: Guest,
-    config: Mapping[str, str],
-    create: Mapping[str, str],
-    prefix: str,
+    vm: VmPlan,
     timeout_s: float,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand | StringCommand, None, None]:
-    """Convert VM `guest` to Q35/OVMF with `config`/`create` (plan/vm.py) when it is not, and its
-    guest shows it can boot that way; else raise OperationError with the steps to take. Noop when the VM
+    """Convert VM `guest` to Q35/OVMF with the plan's `config`/`create` and mapping prefix (plan/vm.py
+    `VmPlan`) when it is not, and its guest shows it can boot that way; else raise OperationError with the
+    steps to take. Noop when the VM
     does not exist (q35_vm creates it) or is Q35/OVMF already. With `ownership`, a VM without pvegpu's mark
     is refused (one line naming `vm.adopt`) unless adopted; adopted, the conversion's PUT writes the mark."""
     current = guest.read_config(refuse_locked=False)
@@ -80,7 +79,7 @@ def q35_conversion(
 
     def q35_diff(values: Mapping[str, object]) -> ConfigChange:
         try:
-            change: VmChange = diff_vm(config, create, values, prefix, converting=True)
+            change: VmChange = diff_vm(vm.config, vm.create, values, vm.spec.mapping_prefix, converting=True)
         except HostPciError as error:
             raise OperationError(f"VM {guest.vmid}: {error}") from None
         return change
@@ -113,9 +112,12 @@ def observe(guest: Guest) -> GuestBoot:
         nics = guest.api.guest_addresses(guest.node, guest.vmid)
     except PveError as error:
         return GuestBoot(agent_error=error.line)
-    release = _read(guest, OS_RELEASE)
+    release = guest.api.agent_file_read(guest.node, guest.vmid, OS_RELEASE)
     distribution = None if release is None else os_id(release)
-    files = {path: bool(_read(guest, path)) for path in loader_paths(distribution)}
+    files = {
+        path: bool(guest.api.agent_file_read(guest.node, guest.vmid, path))
+        for path in loader_paths(distribution)
+    }
     return GuestBoot(filesystems=filesystems, files=files, nics=nics, os_id=distribution)
 
 
@@ -144,20 +146,11 @@ def _filesystems(answer: Mapping[str, object]) -> tuple[GuestFilesystem, ...]:
     )
 
 
-def _read(guest: Guest, path: str) -> str | None:
-    """The text of `path` in the guest (agent/file-read), None when it cannot be read."""
-    try:
-        content = guest.api.agent_get(guest.node, guest.vmid, "file-read", {"file": path}).get("content")
-    except PveError:
-        return None
-    return content if isinstance(content, str) else None
-
-
 def _write_in_guest(guest: Guest, file: GuestFile) -> None:
     content = {"file": file.path, "content": file.content}
     failure = attempt(lambda: guest.api.agent_post(guest.node, guest.vmid, "file-write", content))
     said = what_came_back(failure, f"POST /nodes/{guest.node}/qemu/{guest.vmid}/agent/file-write")
-    if _read(guest, file.path) != file.content:
+    if guest.api.agent_file_read(guest.node, guest.vmid, file.path) != file.content:
         raise OperationError(
             f"VM {guest.vmid}: {file.path} not written in the guest ({said}; reading it back shows other "
             "content): not converted, nothing else changed"

@@ -10,7 +10,7 @@ Reads happen while preparing, writes are function commands (API) or shell comman
 from __future__ import annotations
 
 import shlex
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Sequence
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand, StringCommand
@@ -20,7 +20,7 @@ from pyinfra.context import host
 
 from pvegpu.local.create_records import CreateLedger
 from pvegpu.operations.pve_guest import Guest, Ownership, converge
-from pvegpu.plan.lxc import diff_container, raw_line_problem, raw_of, version_drift
+from pvegpu.plan.lxc import ContainerPlan, diff_container, raw_line_problem, raw_of, version_drift
 
 LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
 
@@ -29,20 +29,20 @@ LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
 def lxc_container(
     *,
     guest: Guest,
-    config: Mapping[str, str],
-    create: Mapping[str, str],
+    container: ContainerPlan,
     timeout_s: float,
     ledger: CreateLedger | None = None,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
-    """Create container `guest` with `config` + `create` when absent, else PUT the keys that differ and
-    delete the `devN` entries not in `config` (with the read's digest). `ledger`: pvegpu's records of its
-    creates (`converge`). `ownership`: pvegpu's mark (created with it; an existing container without it
-    refused unless `lxc.adopt`)."""
+    """Create container `guest` with the plan's `config` + `create` (plan/lxc.py `ContainerPlan`:
+    `created_with`) when absent, else PUT the keys that differ and delete the `devN` entries not in `config`
+    (with the read's digest). `ledger`: pvegpu's records of its creates (`converge`). `ownership`: pvegpu's
+    mark (created with it; an existing container without it refused unless `lxc.adopt`)."""
+    config = container.config
     devices = sum(1 for key in config if key.startswith("dev"))
     yield from converge(
         guest,
-        create={**config, **create},
+        create=container.created_with,
         diff=lambda current: diff_container(config, current),
         unchanged=f"CT {guest.vmid} on {guest.node} has its config: {devices} device entries",
         timeout_s=timeout_s,

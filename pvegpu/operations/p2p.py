@@ -119,20 +119,12 @@ def guest_exec(guest: Guest, argv: Sequence[str], deadline_s: float, input_data:
     )
 
 
-def _read(guest: Guest, path: str) -> str | None:
-    try:
-        content = guest.api.agent_get(guest.node, guest.vmid, "file-read", {"file": path}).get("content")
-    except PveError:
-        return None
-    return content if isinstance(content, str) else None
-
-
 def _write(guest: Guest, path: str, content: str) -> None:
     """Write `path` in the guest (its directory made first) and read it back."""
     folder = path.rsplit("/", 1)[0]
     guest_exec(guest, ["mkdir", "-p", folder], 60)
     guest.api.agent_post(guest.node, guest.vmid, "file-write", {"file": path, "content": content})
-    if _read(guest, path) != content:
+    if guest.api.agent_file_read(guest.node, guest.vmid, path) != content:
         raise OperationError(f"{guest.label}: {path} not written in the guest (reading it back differs)")
 
 
@@ -197,7 +189,7 @@ def _probe_mode(
         logger.info(f"{host.print_prefix}{pending}")
         host.noop(str(pending))
         return
-    record = parse_record(_read(guest, RECORD_PATH))
+    record = parse_record(guest.api.agent_file_read(guest.node, guest.vmid, RECORD_PATH))
     if record is not None and record.mode == "probe" and record.identity == identity:
         if present == (clique if record.verdict == "p2p" else ""):
             _report(record)

@@ -32,7 +32,7 @@ from pvegpu.operations.api_command import api_command, one_line_errors
 from pvegpu.operations.pve_guest import Guest, Ownership, converge, wait_status
 from pvegpu.operations.start_failure import start_failure
 from pvegpu.plan.hostpci import HostPciError
-from pvegpu.plan.vm import VmChange, diff_vm, nvidia_gpus, pending_keys, pending_report
+from pvegpu.plan.vm import VmChange, VmPlan, diff_vm, nvidia_gpus, pending_keys, pending_report
 from pvegpu.pve.errors import PveError, TaskFailedError
 from pvegpu.run.plan import guest_host_of
 
@@ -41,23 +41,22 @@ from pvegpu.run.plan import guest_host_of
 def q35_vm(
     *,
     guest: Guest,
-    config: Mapping[str, str],
-    create: Mapping[str, str],
-    prefix: str,
+    vm: VmPlan,
     timeout_s: float,
     ledger: CreateLedger | None = None,
-    keep_clique: bool = False,
     ownership: Ownership | None = None,
 ) -> Generator[FunctionCommand, None, None]:
-    """Create VM `guest` with `config` + `create` (plan/vm.py) when absent, else PUT the keys that
-    differ (with the read's digest). Raises OperationError for a hostpci slot pvegpu must not take.
-    `ledger`: pvegpu's records of its creates (`converge`). `keep_clique`: pvegpu's GPUDirect clique parts
-    of `args` are left as they are (`vm.p2p: probe`: the P2P operation owns them). `ownership`: pvegpu's mark
-    (created with it; an existing VM without it refused unless `vm.adopt`: pvegpu/operations/pve_guest.py)."""
+    """Create VM `guest` with the plan's `config` + `create` (plan/vm.py `VmPlan`: `created_with`) when
+    absent, else PUT the keys that differ (with the read's digest). Raises OperationError for a hostpci slot
+    pvegpu must not take. With `vm.p2p: probe` pvegpu's GPUDirect clique parts of `args` are left as they are
+    (the P2P operation owns them). `ledger`: pvegpu's records of its creates (`converge`). `ownership`:
+    pvegpu's mark (created with it; an existing VM without it refused unless `vm.adopt`:
+    pvegpu/operations/pve_guest.py)."""
+    config, prefix, keep_clique = vm.config, vm.spec.mapping_prefix, vm.spec.p2p == "probe"
 
     def diff(current: Mapping[str, object]) -> VmChange:
         try:
-            change = diff_vm(config, create, current, prefix, keep_clique=keep_clique)
+            change = diff_vm(config, vm.create, current, prefix, keep_clique=keep_clique)
         except HostPciError as error:
             raise OperationError(f"VM {guest.vmid}: {error}") from None
         for note in change.notes:
@@ -67,7 +66,7 @@ def q35_vm(
     count = sum(1 for key in config if key.startswith("hostpci"))
     yield from converge(
         guest,
-        create={**config, **create},
+        create=vm.created_with,
         diff=diff,
         unchanged=(
             f"VM {guest.vmid} ({config['name']}) on {guest.node} has its config: {config['machine']}, ovmf, "

@@ -105,6 +105,11 @@ class ContainerPlan:
     host_module: str | None
     waiting: str | None = None
 
+    @property
+    def created_with(self) -> dict[str, str]:
+        """The keys a create of the container sends (`POST /nodes/{node}/lxc`): `config` and `create`."""
+        return {**self.config, **self.create}
+
 
 def plan_container(
     spec: LxcSpec,

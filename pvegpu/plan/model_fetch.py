@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from pvegpu.models.doctor import Finding
 from pvegpu.models.model_store import FETCH_SCRIPT, HUB_VENV, FetchStatus, ModelRecord, StoreFile
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.sglang_service import systemd_word
@@ -37,6 +38,18 @@ def fetch_reason(
         if on_disk[path] != checked:
             return f"{wanted}: {path} changed since it was verified"
     return None
+
+
+def model_findings(
+    spec: SglangSpec, record: ModelRecord | None, files: Mapping[str, StoreFile] | None
+) -> tuple[Finding, ...]:
+    """The model doctor's line (roles/model_doctor.py) from the fetcher's `record` and the directory's
+    `files`: complete as verified (`complete_line`), else a warning with `fetch_reason` and what the next
+    deploy/site.py does."""
+    reason = fetch_reason(spec, record, files)
+    if reason is None and record is not None:
+        return (Finding(f"model: {complete_line(spec, record)}"),)
+    return (Finding(f"model: {reason}; the next deploy/site.py fetches it", warning=True),)
 
 
 def complete_line(spec: SglangSpec, record: ModelRecord) -> str:

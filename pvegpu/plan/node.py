@@ -3,11 +3,11 @@
 Everything the roles need to decide, derived once from the host's validated specs, its inventory groups and
 what was observed (the PCI hardware; on a Proxmox node also the CPU vendor and kernel release): the GPU
 topology, the profile's GPU functions, the PCI mapping ids, the vfio, MMIO and VM NUMA plans, the VM's plan
-(plan/vm.py `VmPlan`: its config, create keys, GPUDirect cliques, storages) and the profile's steps (what to
-park, what waits and why). Roles read the plan (`pvegpu.run.plan.plan_of(host)`)
-and never derive any of it again. What cannot be planned is kept as `problem` (a `path: message` sentence
-naming the inventory field) and raised by the first role that needs the missing part, before any host is
-changed.
+(plan/vm.py `VmPlan`: its config, create keys, GPUDirect cliques, storages), a node's reboot guard
+(plan/reboot.py) and the profile's steps (what to park, what waits and why). Roles read the plan
+(`pvegpu.run.plan.plan_of(host)`) and never derive any of it again. What cannot be planned is kept as
+`problem` (a `path: message` sentence naming the inventory field) and raised by the first role that needs the
+missing part, before any host is changed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from pvegpu.plan.profile import (
     profile_functions,
     serving_steps,
 )
+from pvegpu.plan.reboot import RebootGuard, reboot_guard
 from pvegpu.plan.topology import Topology, plan_topology
 from pvegpu.plan.vfio import VfioPlan, plan_vfio
 from pvegpu.plan.vm import VmPlan, passable_problem, plan_vm
@@ -55,7 +56,8 @@ class NodePlan:
     None and `functions` and `retired` are empty. `retired`: the command line tokens pvegpu owned and the
     profile no longer wants (a running kernel that has them still needs a reboot). `numa` is the VM's NUMA
     layout (None without `vm` data, or when it cannot be planned: `numa_problem` says why, and the VM role
-    raises it). `vm`: a Proxmox node's VM (None elsewhere, or without `vm` data)."""
+    raises it). `vm`: a Proxmox node's VM (None elsewhere, or without `vm` data). `reboot_guard`: what a
+    reboot of a Proxmox node must not cut (plan/reboot.py; None elsewhere)."""
 
     name: str
     specs: HostSpecs
@@ -73,6 +75,7 @@ class NodePlan:
     numa: NumaPlan | None
     numa_problem: str | None
     vm: VmPlan | None
+    reboot_guard: RebootGuard | None
     steps: NodeSteps | None
     serving: ServingSteps | None
     problem: str | None
@@ -150,6 +153,7 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
         numa=numa,
         numa_problem=numa_problem,
         vm=vm,
+        reboot_guard=reboot_guard(specs) if PVE_NODES in groups else None,
         steps=node_steps(node.profile, has_container=specs.lxc is not None, waiting=waiting)
         if PVE_NODES in groups
         else None,

@@ -68,6 +68,11 @@ class VmPlan:
     unbound: tuple[str, ...]
     problem: str | None
 
+    @property
+    def created_with(self) -> dict[str, str]:
+        """The keys a create of the VM sends (`POST /nodes/{node}/qemu`): `config` and `create`."""
+        return {**self.config, **self.create}
+
 
 def plan_vm(
     spec: VmSpec,

@@ -232,6 +232,15 @@ class PveClient:
         (`QEMU guest agent is not running`) or the command fails in the guest."""
         return self._read(f"/nodes/{node}/qemu/{vmid}/agent/{command}", params or {}, answer_dict)
 
+    def agent_file_read(self, node: str, vmid: int, path: str) -> str | None:
+        """The text of `path` in the guest (`file-read`), None when the agent cannot read it (no agent, no
+        file, not text)."""
+        try:
+            content = self.agent_get(node, vmid, "file-read", {"file": path}).get("content")
+        except PveError:
+            return None
+        return content if isinstance(content, str) else None
+
     def agent_post(self, node: str, vmid: int, command: str, params: Params) -> object:
         """`POST …/qemu/{vmid}/agent/{command}` (`file-write` with `file`, `content`): its data, None for
         none (read back what was written)."""

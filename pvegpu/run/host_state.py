@@ -2,7 +2,9 @@
 
 What is read comes from the host's plan (`state_request`): the paths, units, users, venv and key files of the
 driver and SGLang roles the plan gives the host, the initramfs images older than the driver's nouveau
-blacklist, and on a VM guest whose node's `vm.p2p` is not `off` the P2P probe's record (`node_p2p`). The read
+blacklist, on a VM guest whose node's `vm.p2p` is not `off` the P2P probe's record (`node_p2p`), on a
+serving host the node exporter's unit and pvegpu's textfile (pvegpu/run/exporter.py), and where the driver's
+module is built the kernel booted next (pvegpu/run/gauges.py). The read
 is shared by preparing and running: the state is read again only after an operation on this host changed
 something (ran a command), so a no-op run reads it once, and an operation after a change decides from what
 that change left, as pyinfra's own facts did. What another host's operation does to this one (the node
@@ -23,6 +25,7 @@ from pvegpu.facts.host_read import HostRead, HostState, StateRequest
 from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
+from pvegpu.models.exporter import EXPORTER_SERVICE, SERVING_FILE
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT_FILE, record_path
 from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
@@ -53,6 +56,7 @@ from pvegpu.run.plan import node_host_of, plan_of, planned, provide_hardware
 from pvegpu.run.progress import commands_run
 
 PVEGPU_ETC = "/etc/pvegpu"
+MODULE_PLACEMENTS: tuple[Placement, ...] = ("guest", "pve-host")  # the driver's kernel module is built there
 PVEGPU_LIB = "/usr/local/lib/pvegpu"
 
 _STATES: WeakKeyDictionary[State, dict[str, tuple[int, HostState]]] = WeakKeyDictionary()
@@ -118,12 +122,17 @@ def _request(
     if "pve-host" in placements:
         paths += [MODULES_LOAD, DEVICES_UNIT]
         units.append(DEVICES_SERVICE)
+    if serving is not None:  # the node exporter and the serving host's gauges (pvegpu/run/exporter.py)
+        paths.append(SERVING_FILE)
+        units.append(EXPORTER_SERVICE)
     request = StateRequest(
         paths=tuple(paths),
         units=tuple(units),
         records=records,
         initramfs_after=initramfs_after,
         version_file=specs.driver.version_file,
+        # The kernel booted next and its NVIDIA module, for the gauges (pvegpu/run/gauges.py).
+        next_boot=any(placement in MODULE_PLACEMENTS for placement in placements),
     )
     serving_sglang = serving is not None and serving.sglang
     return _with_sglang(specs, request) if serving_sglang else request

@@ -29,6 +29,7 @@ from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
 from pvegpu.facts.node_read import STORAGE_CFG, ImageDigest, NodeRead, NodeState, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
+from pvegpu.models.exporter import TEXTFILES
 from pvegpu.models.host_driver import HostDriverState
 from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.spec_validation import spec_of
@@ -51,7 +52,7 @@ def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
     also its config, storage.cfg, the PCI mappings and its QEMU process (pidfile, command line, state), the
     API's answers for which pvegpu/facts/pve_files.py computes; with a `vm.image` URL, the digest of the
     image file in each storage's `import/` while the VM does not exist (`image_downloaded` checks a volume
-    there)."""
+    there); the node exporter and pvegpu's textfiles (pvegpu/run/exporter.py)."""
     image = None if vm is None else vm.image
     return NodeStateRequest(
         sysfs_root=str(node.sysfs_root),
@@ -63,6 +64,7 @@ def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
         vmids=() if vm is None else (vm.vmid,),
         image_files=((image.checksum_algorithm, image.stored_name),) if isinstance(image, ImageUrl) else (),
         image_unless=None if vm is None else vm_config_path(node.name, vm.vmid),
+        exporter_files=TEXTFILES,
     )
 
 

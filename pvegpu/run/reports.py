@@ -1,12 +1,18 @@
 """What the read-only reports (deploy/doctor.py: roles/doctor.py, roles/nccl_doctor.py, roles/model_doctor.py)
 read of a host beyond its plan and state read, each when the report asks for it: the next boot's kernel, the
 host checks of the GPUs and their ports, a node file's sha256, the model store, and what the running SGLang
-service's NCCL logged. Nothing else reads them; the reports change nothing."""
+service's NCCL logged. Nothing else reads them; the reports change nothing on a host. `log_findings` logs a
+report's lines (pvegpu/models/doctor.py `Finding`), `log_next_boot` the next boot's (node and guest doctor);
+`save_host_checks` writes the node doctor's JSON file on the operator's machine."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
+from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.facts.files import Sha256File
 
@@ -16,9 +22,12 @@ from pvegpu.facts.nccl_journal import topology_file_report
 from pvegpu.facts.next_boot import NextBoot
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclRuns
 from pvegpu.models.boot import KernelBoot
+from pvegpu.models.doctor import Finding
 from pvegpu.models.host_checks import HostCheckData
 from pvegpu.models.model_store import ModelRecord, StoreFile
 from pvegpu.models.nccl import ChannelTransport
+from pvegpu.plan.host_checks import Check, checks_to_json
+from pvegpu.plan.kernel_guard import next_boot_report
 from pvegpu.run.plan import plan_of
 
 
@@ -73,3 +82,33 @@ def nccl_topology_report(target: Host) -> tuple[str, ...]:
     """The latest SGLang run with the NCCL topology file and the latest without it, what NCCL said of the
     file and the transports of each, read from the service's journal (pvegpu/facts/nccl_journal.py)."""
     return topology_file_report(target.get_fact(SglangNcclRuns))
+
+
+def log_findings(target: Host, findings: Iterable[Finding]) -> None:
+    """Each finding as one log line of `target`: a warning, or info."""
+    for finding in findings:
+        log = logger.warning if finding.warning else logger.info
+        log(f"{target.print_prefix}{finding.line}")
+
+
+def log_next_boot(target: Host, driver_version: str, *, proxmox: bool, installed_only: bool = False) -> None:
+    """`next boot: <line>` per line of plan/kernel_guard.py `next_boot_report` on `target`'s next kernel and
+    the NVIDIA module `driver_version` (warnings when it lacks it, else info)."""
+    boot = next_boot(target)
+    ok, lines = next_boot_report(boot, driver_version, proxmox=proxmox, installed_only=installed_only)
+    log_findings(target, (Finding(f"next boot: {line}", not ok) for line in lines))
+
+
+# Where the doctor's JSON reports go on the operator's machine (one file per host); relative to the working
+# directory.
+REPORT_DIR_ENV = "PVEGPU_DOCTOR_DIR"
+REPORT_DIR = "pvegpu-doctor"
+
+
+def save_host_checks(target: Host, rows: tuple[Check, ...]) -> Path:
+    """Write `target`'s host checks as JSON to `$PVEGPU_DOCTOR_DIR/<host>.json` (default ./pvegpu-doctor/)
+    on this machine; the path written."""
+    path = Path(os.environ.get(REPORT_DIR_ENV, REPORT_DIR)) / f"{target.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(checks_to_json(target.name, rows), indent=1) + "\n")
+    return path

@@ -17,6 +17,19 @@ REPO = Path(__file__).resolve().parents[2]
 # The reboot stand-in's record of the SSH connections it ended: one, from the lab's end of the veth.
 ONE_CONNECTION_CLOSED = re.compile(r" ssh-closed=10\.200\.\d+\.1:\d+$")
 GRAND_TOTAL = re.compile(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", re.MULTILINE)
+REFERENCE_BUSES = ("41", "51", "61", "71", "c1", "d1", "e1", "f1")  # the reference topology's GPUs, in order
+METRICS = "http://127.0.0.1:9100/metrics"
+
+
+def scraped(host: hosts.LabHost) -> list[str]:
+    """pvegpu's sample lines of `host`'s node exporter, fetched inside the host as Prometheus would."""
+    fetch = f"python3 -c \"import urllib.request as u; print(u.urlopen('{METRICS}').read().decode())\""
+    done = subprocess.run(
+        hosts.ssh_argv(host, fetch), capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "node_textfile_scrape_error 0" in done.stdout.splitlines(), done.stdout  # every file parsed
+    return [line for line in done.stdout.splitlines() if line.startswith("pvegpu_")]
 
 
 def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) -> None:
@@ -35,17 +48,18 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         )
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
-        # Run 1 changes 12 of the node's 15 operations (host, mappings; the storage's content types, the
+        # Run 1 changes 13 of the node's 18 operations (host, mappings; the storage's content types, the
         # cloud image downloaded, the user-data snippet, the pre-start hook, the VM created from the image,
-        # its disk grown, started, its guest's host key recorded; no host driver to park, no i440FX VM to
-        # convert, no pending config change to apply); the guest is not in run 1's inventory (it did not
-        # exist when run 1 connected). Run 2 changes 27 operations on the guest (driver, the model fetched
-        # from the node's stand-in hub: the fetcher, its settings, its unit, the reload, the fetch; SGLang,
-        # NCCL's topology file) and none on the node (its 15, plus the guest's already-present packages);
-        # the doctor changes nothing.
+        # its disk grown, started, its guest's host key recorded; the node's gauges; no host driver to park,
+        # no i440FX VM to convert, no pending config change to apply; the node exporter is in the lab's root,
+        # installed and running); the guest is not in run 1's inventory (it did not exist when run 1
+        # connected). Run 2 changes 28 operations on the guest (driver, the model fetched from the node's
+        # stand-in hub: the fetcher, its settings, its unit, the reload, the fetch; SGLang, NCCL's topology
+        # file; its gauges) and none on the node (its 18, plus the guest's already-present packages and its
+        # node exporter); the doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
-            ("15", "12", "-", "3"),
-            ("42", "27", "-", "15"),
+            ("18", "13", "-", "5"),
+            ("48", "28", "-", "20"),
             ("-", "-", "-", "-"),
         ]
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output
@@ -69,6 +83,28 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         reboots = (lab_run_dir / name / "merged/var/log/pvegpu-lab/reboot.log").read_text().splitlines()
         assert len(reboots) == 1, reboots
         assert ONE_CONNECTION_CLOSED.search(reboots[0]), reboots
+        # What Prometheus scrapes from each host's node exporter (:9100): the node's mappings as run 1 synced
+        # them and the pre-start hook's verdict at the VM's start; the guest's SGLang, model and P2P.
+        node_lines = scraped(hosts.get_host(name))
+        vm = f'node="{name}",vmid="100"'
+        stamp = rf"pvegpu_hook_last_run_timestamp_seconds\{{{re.escape(vm)}\}} [0-9.]+e\+09"
+        assert re.fullmatch(stamp, node_lines[0]), node_lines  # the start's time, as the exporter prints it
+        assert node_lines[1:] == [
+            *(
+                f'pvegpu_hook_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",'
+                f'status="unchanged",vmid="100"}} 1'
+                for n, bus in enumerate(REFERENCE_BUSES)
+            ),
+            f'pvegpu_hook_result{{node="{name}",result="valid",vmid="100"}} 1',
+            f"pvegpu_hook_start_allowed{{{vm}}} 1",
+            *(f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}"}} 1' for n in range(8)),
+        ]
+        assert scraped(hosts.get_host(f"{name}v100")) == [
+            'pvegpu_model_complete{path="/srv/models/GLM-5-NVFP4-MTP",repo="festr2/GLM-5-NVFP4-MTP",'
+            'revision="main"} 1',
+            'pvegpu_p2p_enabled{mode="off"} 0',
+            "pvegpu_sglang_ready 1",
+        ]
     finally:
         subprocess.run(
             ["bash", "scripts/demo.sh", "down"], cwd=REPO, env=env, check=True, capture_output=True

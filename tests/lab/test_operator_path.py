@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts
+from tests.lab.test_demo import scraped
 
 pytestmark = pytest.mark.lab
 
@@ -47,6 +48,7 @@ README_COMMANDS = [
     "pvegpu mapping --node NAME=SYSFS_DIR [--against PCI_CFG]",
 ]
 NODE_ONLY = ("deploy/host.py", "deploy/vm.py")  # the guest is in the inventory and must be left alone
+RENUMBERED_BUSES = ("21", "31", "41", "51", "a1", "b1", "c1", "d1")  # reference-renumbered's GPUs, in order
 
 
 def readme_commands() -> list[str]:
@@ -178,6 +180,18 @@ def test_operator_path_every_readme_command_and_three_journeys_twice(
         log = task_log(node, "qmstart")
         repaired = rf"^pvegpu: gpu\d {name}: 0000:\S+ group \d+ -> 0000:\S+ group \d+, repaired$"
         assert len(re.findall(repaired, log, re.MULTILINE)) == 8, log
+        # The node's exporter (it starts with the node) shows the hook's repair: each mapping at its new
+        # address, healthy; the node's own gauges (the last site run's) unchanged.
+        assert scraped(node)[1:] == [
+            *(
+                f'pvegpu_hook_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",'
+                f'status="repaired",vmid="100"}} 1'
+                for n, bus in enumerate(RENUMBERED_BUSES)
+            ),
+            f'pvegpu_hook_result{{node="{name}",result="repaired",vmid="100"}} 1',
+            f'pvegpu_hook_start_allowed{{node="{name}",vmid="100"}} 1',
+            *(f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}"}} 1' for n in range(8)),
+        ]
         unchanged("pyinfra inventory.py deploy/rebuild_vm.py")
         assert totals("pyinfra inventory.py deploy/site.py")[0][2] == "-"
         unchanged("pyinfra inventory.py deploy/site.py")

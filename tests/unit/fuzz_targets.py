@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from pvegpu.facts.boot import parse_boot_loader, parse_cmdline, parse_pveversion
 from pvegpu.facts.cpu import parse_cpu_kernel
 from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.exporter_read import parse_exporter
 from pvegpu.facts.hardware import parse_hardware
 from pvegpu.facts.host_checks import parse_host_checks
 from pvegpu.facts.host_driver import parse_host_driver
@@ -442,6 +443,12 @@ TARGETS: tuple[Target, ...] = (
         parse_secret_files,
         (FactParseError,),
         (("file 0 600 22 1 0 0 0\t/root/sglang-api-key", "missing\t/root/hf-token", "symlink\t/etc/k"),),
+    ),
+    Target(
+        "node exporter (facts.exporter_read.parse_exporter)",
+        parse_exporter,
+        (FactParseError,),
+        (fixture("exporter_read_lab_node.txt"),),
     ),
     Target("SGLang venv (facts.sglang.parse_venv)", parse_venv, (FactParseError,), (("version 0.5.23",),)),
     Target("SGLang probe (facts.sglang.parse_probe)", parse_probe, (), (("ok glm-5",), ("fail HTTP 503",))),

@@ -9,7 +9,9 @@ standard library only: lab/pve/node.py copies this package into a lab node's /us
     formats.py        JSONSchema's formats and standard options, the property-string formats
     guest_schema.py   qemu-server's and pve-container's config keys
     pmxcfs.py         /etc/pve: reads, atomic writes, locks, digests
-    sectionconfig.py  pci.cfg, replication.cfg, jobs.cfg (on pvegpu's section-config reader)
+    sectionconfig.py  mapping/pci.cfg, mapping/directory.cfg, replication.cfg, jobs.cfg (on pvegpu's
+                      section-config reader)
+    mapping_dir.py    PVE::Mapping::Dir's checks: a directory mapping's entries, the local node's
     storage.py        pve-storage: storage.cfg, volume ids, volumes
     tasks.py          fork_worker: UPIDs, task logs
     guest_config.py   guest config files, pending changes
@@ -18,7 +20,8 @@ standard library only: lab/pve/node.py copies this package into a lab node's /us
     drives.py         qemu-server's drives, disk allocation and import
     cloudinit.py      cloud-init for the hypervisor
     hookscript.py     guest hookscripts
-    permissions.py    the permission checks inside the handlers
+    permissions.py    the permission checks inside the handlers (qemu-server's, and those it shares)
+    ct_permissions.py pve-container's permission checks inside its handlers
     api/              the route table and call_api; one module per API subtree (its schemas, handlers,
                       routes and permissions side by side)
 

@@ -165,6 +165,33 @@ MAP_FMT: dict[str, P] = {
 }
 
 
+def verify_dir_path(value: str) -> None:
+    """pve-guest-common Mapping/Dir.pm pve_verify_path (format `pve-storage-path-in-property-string`): its
+    regex has no end anchor, so only the first character after the leading `/` is checked."""
+    if not re.match(r"/[^;,=\(\)]+", value):
+        raise ValueError(
+            "Value does not look like a valid absolute path."
+            " These symbols are currently not allowed in path: ;,=()\n"
+        )
+
+
+# pve-guest-common Mapping/Dir.pm $map_fmt: a directory.cfg `map` entry.
+DIR_MAP_FMT: dict[str, P] = {
+    "node": P(optional=False, verify=verify_node),
+    "path": P(optional=False, verify=verify_dir_path),
+}
+
+
+# qemu-server QemuServer/Virtiofs.pm $virtiofs_fmt (virtiofs0..virtiofs9): `dirid` the default key.
+VIRTIOFS_FMT: dict[str, P] = {
+    "dirid": P(optional=False, verify=verify_configid),
+    "cache": P(enum=("auto", "always", "metadata", "never")),
+    "direct-io": P(type="boolean"),
+    "expose-xattr": P(type="boolean"),
+    "expose-acl": P(type="boolean"),
+}
+
+
 HOSTPCI_FMT: dict[str, P] = {
     "host": P(pattern=f"{HOSTPCI_PCI}(;{HOSTPCI_PCI})*"),
     "mapping": P(verify=verify_configid),
@@ -201,6 +228,47 @@ DEV_FMT: dict[str, P] = {
     "mode": P(pattern=r"0[0-7]{3}"),
     "deny-write": P(type="boolean"),
 }
+
+
+def verify_disk_size(value: str) -> None:
+    """pve-common JSONSchema.pm pve_verify_disk_size (parse_size): `<number>[K|M|G|T[iB]]`."""
+    if not re.fullmatch(r"\d+(\.\d+)?([KMGT](?:iB)?)?", value):
+        raise ValueError(f"value does not look like a valid disk size: {value}\n")
+
+
+def verify_lxc_mp_string(value: str) -> None:
+    """pve-container LXC/Config.pm verify_lxc_mp_string (format `pve-lxc-mp-string`): no `/./`, `/../`, no
+    trailing `/.` or `/..`, no leading `../`."""
+    if re.search(r"/\.\.?/", value) or re.search(r"/\.\.?$", value) or value.startswith("../"):
+        raise ValueError(f"{value} contains illegal character sequences\n")
+
+
+# pve-container LXC/Config.pm $mp_desc (mp0..mp255: $rootfs_desc plus backup, mp (required) and keepattrs):
+# `volume` the default key, a storage volume, a host directory (bind mount) or a /dev/ device.
+MOUNT_OPTIONS = r"(discard|lazytime|noatime|nodev|noexec|nosuid)"
+
+
+MP_FMT: dict[str, P] = {
+    "volume": P(optional=False, verify=verify_lxc_mp_string),
+    "size": P(verify=verify_disk_size),
+    "acl": P(type="boolean"),
+    "mountoptions": P(pattern=rf"{MOUNT_OPTIONS}(;{MOUNT_OPTIONS})*"),
+    "idmap": P(pattern=r"(?:passthrough|[ug]:[0-9]+:[0-9]+:[1-9][0-9]*(?:;[ug]:[0-9]+:[0-9]+:[1-9][0-9]*)*)"),
+    "ro": P(type="boolean"),
+    "quota": P(type="boolean"),
+    "replicate": P(type="boolean"),
+    "shared": P(type="boolean"),
+    "backup": P(type="boolean"),
+    "mp": P(optional=False, verify=verify_lxc_mp_string),
+    "keepattrs": P(type="boolean"),
+}
+
+
+def mountpoint_type(volume: str) -> str:
+    """LXC/Config.pm classify_mountpoint: `device` (/dev/...), `bind` (another absolute path) or `volume`."""
+    if volume.startswith("/"):
+        return "device" if volume.startswith("/dev/") else "bind"
+    return "volume"
 
 
 BOOL = P(type="boolean")

@@ -12,7 +12,9 @@ from .formats import (
     HOSTPCI_FMT,
     IPCONFIG_FMT,
     MACHINE,
+    MP_FMT,
     NUMA_FMT,
+    VIRTIOFS_FMT,
     verify_address_list,
     verify_cpuset,
     verify_tag_list,
@@ -96,6 +98,7 @@ QEMU_INDEXED: dict[str, tuple[int, P]] = {
     "numa": (8, P(props=NUMA_FMT)),
     "serial": (4, P()),
     "usb": (5, P()),
+    "virtiofs": (10, P(props=VIRTIOFS_FMT, default_key="dirid")),  # Virtiofs.pm $MAX_VIRTIOFS (PVE 8.4+)
 }
 
 
@@ -132,7 +135,7 @@ LXC_KEYS: dict[str, P] = {
 LXC_INDEXED: dict[str, tuple[int, P]] = {
     "dev": (256, P(props=DEV_FMT, default_key="path")),
     "net": (32, P()),
-    "mp": (256, P()),
+    "mp": (256, P(props=MP_FMT, default_key="volume")),
 }
 
 

@@ -1,5 +1,6 @@
-"""The permission checks Proxmox makes inside its handlers (qemu-server's and pve-container's
-check_*_modify_config_perm, tags, devices, bridges, volumes) and the lab's record of API writes."""
+"""The permission checks Proxmox makes inside its handlers (qemu-server's check_vm_modify_config_perm and
+its device checks: hostpciN, virtiofsN, serialN; tags, bridges, volumes, which pve-container's checks in
+ct_permissions.py share) and the lab's record of API writes."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import TYPE_CHECKING
 from . import access
 from .drives import NEW_DISK, Drive, drive_keys
 from .errors import DieError, ParamError
-from .formats import HOSTPCI_FMT, VOLUME_ID
+from .formats import HOSTPCI_FMT, VIRTIOFS_FMT, VOLUME_ID
 from .guest_config import LXC_DIR, QEMU_DIR, GuestConfig, parse_guest_config
 from .guest_schema import DRIVE_NAMES
-from .jsonschema import P, parse_boolean, parse_property_string
+from .jsonschema import P, parse_property_string
 from .storage import parse_volume
 
 if TYPE_CHECKING:
@@ -192,6 +193,16 @@ def check_hostpci_perm(rpcenv: access.RpcEnv, vmid: str, key: str, value: str) -
         raise ParamError({key: "only root@pam can set 'romfile' option"})
 
 
+def check_dir_perm(rpcenv: access.RpcEnv, vmid: str, value: str) -> None:
+    """API2/Qemu.pm check_dir_perm (a virtiofsN set, replaced or deleted): VM.Config.Disk on the VM, then
+    Mapping.Use on /mapping/dir/<dirid>."""
+    if rpcenv.is_root:
+        return
+    rpcenv.check_vm_perm(rpcenv.user, vmid, ("VM.Config.Disk",))
+    virtiofs = parse_property_string(P(props=VIRTIOFS_FMT, default_key="dirid"), value)
+    rpcenv.check_full(rpcenv.user, f"/mapping/dir/{virtiofs['dirid']}", ("Mapping.Use",))
+
+
 def _check_serial_perm(rpcenv: access.RpcEnv, vmid: str, key: str, value: str, verb: str) -> None:
     """$check_vm_create_serial_perm and update_vm's serialN branch: a `socket` needs VM.Config.HWType."""
     if rpcenv.is_root:
@@ -274,7 +285,8 @@ def check_storage_perms(call: Call, vmid: str, changes: dict[str, str]) -> None:
 
 def check_qemu_create_perms(call: Call, vmid: str, conf: dict[str, str]) -> None:
     """API2/Qemu.pm create_vm's checks, in its order: VM.Allocate on /vms/<vmid> (a bare `Permission
-    check failed` without), storage access, each key's privilege, serialN, hostpciN, the bridges."""
+    check failed` without), storage access, each key's privilege, serialN, hostpciN, virtiofsN, the
+    bridges."""
     rpcenv = call.rpcenv
     if rpcenv.is_root:
         return
@@ -286,6 +298,8 @@ def check_qemu_create_perms(call: Call, vmid: str, conf: dict[str, str]) -> None
         _check_serial_perm(rpcenv, vmid, key, conf[key], "set")
     for key in sorted(k for k in conf if re.fullmatch(r"hostpci\d+", k)):
         check_hostpci_perm(rpcenv, vmid, key, conf[key])
+    for key in sorted(k for k in conf if re.fullmatch(r"virtiofs\d+", k)):
+        check_dir_perm(rpcenv, vmid, conf[key])
     check_bridge_access(rpcenv, conf)
 
 
@@ -301,8 +315,8 @@ def check_qemu_update_perms(call: Call, vmid: str, changes: dict[str, str], dele
 def check_qemu_device_perms(
     call: Call, vmid: str, conf: GuestConfig, changes: dict[str, str], deletes: list[str]
 ) -> None:
-    """update_vm's value-dependent checks on the loaded config: a hostpciN deleted (its value), replaced
-    (old and new value) or set (check_hostpci_perm); serialN as `socket` only."""
+    """update_vm's value-dependent checks on the loaded config: a hostpciN or virtiofsN deleted (its value),
+    replaced (old and new value) or set (check_hostpci_perm, check_dir_perm); serialN as `socket` only."""
     rpcenv = call.rpcenv
     if rpcenv.is_root:
         return
@@ -310,6 +324,8 @@ def check_qemu_device_perms(
     for key in deletes:
         if re.fullmatch(r"hostpci\d+", key) and key in current:
             check_hostpci_perm(rpcenv, vmid, key, current[key])
+        elif re.fullmatch(r"virtiofs\d", key) and key in current:
+            check_dir_perm(rpcenv, vmid, current[key])
         elif re.fullmatch(r"serial\d+", key) and key in current:
             _check_serial_perm(rpcenv, vmid, key, current[key], "delete")
     for key in sorted(changes):
@@ -317,73 +333,13 @@ def check_qemu_device_perms(
             if conf.main.get(key):
                 check_hostpci_perm(rpcenv, vmid, key, conf.main[key])
             check_hostpci_perm(rpcenv, vmid, key, changes[key])
+        elif re.fullmatch(r"virtiofs\d", key):
+            if conf.main.get(key):
+                check_dir_perm(rpcenv, vmid, conf.main[key])
+            check_dir_perm(rpcenv, vmid, changes[key])
         elif re.fullmatch(r"serial\d+", key):
             old = conf.main.get(key)
             _check_serial_perm(rpcenv, vmid, key, changes[key] if old in (None, "socket") else old, "modify")
-
-
-def check_ct_modify_config_perm(  # noqa: PLR0912 (one branch per key kind, as upstream)
-    call: Call, vmid: str, changes: dict[str, str], deletes: list[str], unprivileged: bool
-) -> None:
-    """pve-container LXC.pm check_ct_modify_config_perm (keys set, then deleted): devN, hookscript and a
-    privileged CT's features are root@pam's only (`Permission check failed (<why>)`); a rootfs/mpN a
-    volume with storage access; every other key its VM.Config.* privilege."""
-    rpcenv = call.rpcenv
-    if rpcenv.is_root:
-        return
-    user = rpcenv.user
-    for key, deleting in [*((k, False) for k in sorted(changes)), *((k, True) for k in deletes)]:
-        if key in ("cores", "cpuunits", "cpulimit"):
-            rpcenv.check_vm_perm(user, vmid, ("VM.Config.CPU",))
-        elif key == "rootfs" or re.fullmatch(r"mp\d+", key):
-            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Disk",))
-            if not deleting:
-                volid = changes[key].split(",")[0].removeprefix("volume=")
-                if new := re.fullmatch(r"([^:\s]+):(\d+(\.\d+)?)", volid):
-                    rpcenv.check(user, f"/storage/{new.group(1)}", ("Datastore.AllocateSpace",))
-                else:
-                    check_volume_access(call, volid, vmid, "rootdir")
-        elif key in ("memory", "swap"):
-            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Memory",))
-        elif re.fullmatch(r"net\d+", key):
-            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Network",))
-            if not deleting:
-                check_bridge_access(rpcenv, {key: changes[key]})
-        elif re.fullmatch(r"dev\d+", key):
-            raise access.PermissionDenied("configuring device passthrough is only allowed for root@pam")
-        elif key in ("nameserver", "searchdomain", "hostname"):
-            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Network",))
-        elif key == "features":
-            if not unprivileged:
-                raise access.PermissionDenied(
-                    "changing feature flags for privileged container is only allowed for root@pam"
-                )
-            features = {f.partition("=")[0] for f in changes.get(key, "").split(",") if f}
-            if features - {"nesting"}:
-                raise access.PermissionDenied(
-                    "changing feature flags (except nesting) is only allowed for root@pam"
-                )
-            rpcenv.check_vm_perm(user, vmid, ("VM.Allocate",))
-        elif key == "hookscript":
-            raise access.PermissionDenied("changing the hookscript is only allowed for root@pam")
-        elif key != "tags":
-            rpcenv.check_vm_perm(user, vmid, ("VM.Config.Options",))
-
-
-def check_lxc_create_perms(call: Call, vmid: str, conf: dict[str, str]) -> None:
-    """API2/LXC.pm create_vm's checks, in its order: Sys.Modify on / for a privileged CT, VM.Allocate on
-    /vms/<vmid> (a bare `Permission check failed` without), each key, then the template's access."""
-    rpcenv = call.rpcenv
-    if rpcenv.is_root:
-        return
-    unprivileged = bool(parse_boolean(conf.get("unprivileged", "1")))
-    if not unprivileged:
-        rpcenv.check(rpcenv.user, "/", ("Sys.Modify",))
-    if not rpcenv.check(rpcenv.user, f"/vms/{vmid}", ("VM.Allocate",), noerr=True):
-        raise access.PermissionDenied()
-    keys = {k: v for k, v in conf.items() if k not in ("ostemplate", "ssh-public-keys")}
-    check_ct_modify_config_perm(call, vmid, keys, [], unprivileged)
-    check_volume_access(call, conf["ostemplate"], vmid, "vztmpl")
 
 
 def log_api_write(call: Call, method: str, path: str, changes: dict[str, str], deletes: list[str]) -> None:

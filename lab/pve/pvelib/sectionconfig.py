@@ -1,6 +1,6 @@
 """The section-config files the stand-in reads besides storage.cfg, on pvegpu's one reader
-(pvegpu/facts/section_config.py): /etc/pve/mapping/pci.cfg (PVE::Mapping::PCI), replication.cfg and
-jobs.cfg."""
+(pvegpu/facts/section_config.py): the hardware and directory mappings /etc/pve/mapping/pci.cfg
+(PVE::Mapping::PCI) and /etc/pve/mapping/directory.cfg (PVE::Mapping::Dir), replication.cfg and jobs.cfg."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import section_config
-from .formats import CONFIGID, MAP_FMT
+from .formats import CONFIGID, DIR_MAP_FMT, MAP_FMT
 from .jsonschema import P, check_value, parse_boolean
 from .pmxcfs import read_bytes, sha1
 
@@ -22,37 +22,55 @@ if TYPE_CHECKING:
 class Section:
     id: str
     map: list[str]
-    options: dict[str, Any]  # description (str), mdev / live-migration-capable (0/1)
+    options: dict[str, Any]  # description (str), the kind's booleans (0/1)
 
 
-MAPPING_CFG = "/etc/pve/mapping/pci.cfg"
+@dataclass(frozen=True)
+class MappingKind:
+    """One pve-guest-common PVE::Mapping::<type> file: a SectionConfig of bare-id sections (its own
+    parse_section_header), a required `map` array of `map_fmt` entries, an optional `description` and the
+    kind's boolean options; written as write_config does: `map` lines first (the required option), then the
+    optional ones sorted."""
+
+    type: str  # the section type parse_config gives each section (`pci`, `dir`)
+    cfg: str
+    map_fmt: dict[str, P]
+    booleans: tuple[str, ...] = ()
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return tuple(sorted(("description", *self.booleans)))
 
 
-MAPPING_OPTIONS = ("description", "live-migration-capable", "mdev")
+PCI_MAPPING = MappingKind("pci", "/etc/pve/mapping/pci.cfg", MAP_FMT, ("live-migration-capable", "mdev"))
 
 
-def parse_mapping_cfg(text: str) -> list[Section]:
+DIR_MAPPING = MappingKind("dir", "/etc/pve/mapping/directory.cfg", DIR_MAP_FMT)  # Mapping/Dir.pm $FILENAME
+
+
+def parse_mapping_cfg(text: str, kind: MappingKind = PCI_MAPPING) -> list[Section]:
     """Sections in file order (pvegpu's section-config reader; a repeated key keeps its first value, every
     `map` line is kept); invalid ids, bad values and sections without a valid map are dropped."""
     sections: list[Section] = []
+    option = functools.partial(_mapping_option, kind)
     for item in section_config.read_sections(text, section_config.ID_HEADER):
         if isinstance(item, section_config.Section) and CONFIGID.fullmatch(item.header[1]):
-            options, _ = section_config.properties(item, _mapping_option, arrays=("map",))
+            options, _ = section_config.properties(item, option, arrays=("map",))
             entries = options.pop("map", [])
             if entries:
                 sections.append(Section(item.header[1], entries, options))
     return sections
 
 
-def _mapping_option(key: str, value: str | None) -> Any:
-    """A pci.cfg value as the stand-in keeps it (description a string, mdev / live-migration-capable 0/1,
-    map checked against its format), or SectionValueError."""
+def _mapping_option(kind: MappingKind, key: str, value: str | None) -> Any:
+    """A mapping file's value as the stand-in keeps it (description a string, the booleans 0/1, map checked
+    against its format), or SectionValueError."""
     if key == "map" and value is not None:
         errors: dict[str, str] = {}
-        check_value("map", P(props=MAP_FMT), value, errors)
+        check_value("map", P(props=kind.map_fmt), value, errors)
         if not errors:
             return value
-    elif key in ("mdev", "live-migration-capable"):
+    elif key in kind.booleans:
         if value is None or value in ("0", "1"):
             return 1 if value is None else int(value)
     elif key == "description" and value is not None:
@@ -60,19 +78,19 @@ def _mapping_option(key: str, value: str | None) -> Any:
     raise section_config.SectionValueError(key)
 
 
-def write_mapping_cfg(sections: list[Section]) -> str:
+def write_mapping_cfg(sections: list[Section], kind: MappingKind = PCI_MAPPING) -> str:
     out = []
     for s in sections:
         out.append(f"{s.id}\n")
         out.extend(f"\tmap {m}\n" for m in s.map)
-        out.extend(f"\t{k} {s.options[k]}\n" for k in MAPPING_OPTIONS if k in s.options)
+        out.extend(f"\t{k} {s.options[k]}\n" for k in kind.options if k in s.options)
         out.append("\n")
     return "".join(out)
 
 
-def mapping_state(settings: Settings) -> tuple[list[Section], str]:
-    data = read_bytes(settings.path(MAPPING_CFG))
-    return parse_mapping_cfg(data.decode()), sha1(data)
+def mapping_state(settings: Settings, kind: MappingKind = PCI_MAPPING) -> tuple[list[Section], str]:
+    data = read_bytes(settings.path(kind.cfg))
+    return parse_mapping_cfg(data.decode(), kind), sha1(data)
 
 
 def map_entry(text: str) -> dict[str, str]:

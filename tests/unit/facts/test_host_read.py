@@ -18,6 +18,7 @@ import pytest
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.host_read import HostRead, StateRequest, parse_state, state_command
+from pvegpu.facts.next_boot import NextBoot, parse_next_boot
 from pvegpu.facts.sglang import Probe, VenvState
 from pvegpu.models.guest_state import MISSING, PathState, UnitState, UserEntry
 from pvegpu.models.nvidia import LoadedModule
@@ -389,3 +390,20 @@ def test_a_venv_of_another_interpreter_or_a_copied_one_asks_its_python(tmp_path:
     (copied / "bin/python").write_text("#!/bin/sh\necho 'version 7.7'\n")
     os.chmod(copied / "bin/python", 0o755)
     assert _venv_state(copied) == VenvState(True, "7.7")
+
+
+def test_the_next_boot_section_is_what_next_boot_reads_on_its_own() -> None:
+    """Packed in one line, so that NextBoot's own section markers stay inside it; only when requested."""
+
+    def state(request: StateRequest) -> list[str]:
+        done = subprocess.run(
+            ["sh", "-c", state_command(request)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    alone = subprocess.run(["sh", "-c", NextBoot().command()], capture_output=True, text=True, check=True)
+    assert parse_state(state(StateRequest(next_boot=True))).next_boot == parse_next_boot(
+        alone.stdout.splitlines()
+    )
+    assert parse_state(state(StateRequest())).next_boot is None

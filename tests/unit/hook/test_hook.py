@@ -10,6 +10,7 @@ import io
 import os
 import subprocess
 import syslog
+import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -403,7 +404,7 @@ def test_error_unexpected_exception_lets_the_start_go_on_with_one_journal_line(
 ) -> None:
     journal: list[tuple[int, str]] = []
 
-    def broken(*_args: object) -> int:
+    def broken(*_args: object, **_kwargs: object) -> int:
         raise RuntimeError("first line\n  second line")
 
     monkeypatch.setattr(pre_start_module, "pre_start", broken)
@@ -555,3 +556,142 @@ def test_self_heal_off_deletes_only_pvegpus_hookscript() -> None:
     ours = diff_vm(config, create_keys(spec), {**config, "hookscript": "local:snippets/pvegpu-hook"}, "gpu")
     theirs = diff_vm(config, create_keys(spec), {**config, "hookscript": "local:snippets/backup.sh"}, "gpu")
     assert ("hookscript" in ours.delete, "hookscript" in theirs.delete) == (True, False)
+
+
+# --- the hook's gauges (pvegpu_hook.prom) ------------------------------------------------------------------
+
+
+def gauge_lines(textfiles: Path) -> list[str]:
+    """The hook's textfile without HELP/TYPE lines, its time replaced by `T`."""
+    lines = (textfiles / "pvegpu_hook.prom").read_text().splitlines()
+    return [
+        line.rsplit(" ", 1)[0] + " T" if line.startswith("pvegpu_hook_last_run") else line
+        for line in lines
+        if not line.startswith("#")
+    ]
+
+
+def start_with_gauges(
+    zipapp: Path, tmp_path: Path, hw: HostHardware, sysfs: Path, unmarked: str = "", *, racing: bool = False
+) -> tuple[int, Path, str]:
+    """The hook's pre-start on a node of `hw`'s mappings (`unmarked`: one without pvegpu's mark; `racing`:
+    pvesh refuses the write as a concurrent edit) whose live tree is `sysfs`, with a textfile directory:
+    (exit status, that directory, `node="..",vmid="100"`)."""
+    root, pvesh = node_root(tmp_path, hw, unmarked=unmarked)
+    if racing:
+        (tmp_path / "bin/fail").write_text("")
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    done = run_hook(zipapp, root, pvesh, sysfs, "--textfile-dir", str(textfiles), "100", "pre-start")
+    assert done.stderr == ""
+    return done.returncode, textfiles, f'node="{os.uname().nodename.split(".")[0]}",vmid="100"'
+
+
+def test_zipapp_repair_leaves_its_gauges_with_the_new_addresses(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    before = int(time.time())
+    code, textfiles, vm = start_with_gauges(zipapp, tmp_path, hw["reference"], trees["reference-renumbered"])
+    assert code == 0
+    new = ["21", "31", "41", "51", "a1", "b1", "c1", "d1"]
+    assert gauge_lines(textfiles) == [
+        f"pvegpu_hook_last_run_timestamp_seconds{{{vm}}} T",
+        f"pvegpu_hook_start_allowed{{{vm}}} 1",
+        f'pvegpu_hook_result{{{vm},result="repaired"}} 1',
+        *(
+            f'pvegpu_hook_mapping_healthy{{{vm},mapping="gpu{n}",path="0000:{bus}:00",status="repaired"}} 1'
+            for n, bus in enumerate(new)
+        ),
+    ]
+    text = (textfiles / "pvegpu_hook.prom").read_text()
+    stamp = next(line for line in text.splitlines() if line.startswith("pvegpu_hook_last_run"))
+    assert before <= int(stamp.split()[1]) <= int(time.time())
+    assert sorted(p.name for p in textfiles.iterdir()) == ["pvegpu_hook.prom"]  # no temporary file left
+
+
+def test_zipapp_refused_start_gauges_name_the_unmarked_mapping(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    code, textfiles, vm = start_with_gauges(
+        zipapp, tmp_path, hw["reference"], trees["reference-renumbered"], unmarked="gpu5"
+    )
+    assert code == 1
+    lines = gauge_lines(textfiles)
+    assert lines[1:3] == [
+        f"pvegpu_hook_start_allowed{{{vm}}} 0",
+        f'pvegpu_hook_result{{{vm},result="refused"}} 1',
+    ]
+    assert (lines[3], lines[8]) == (
+        # held: another GPU's refusal refuses every repair of the node
+        f'pvegpu_hook_mapping_healthy{{{vm},mapping="gpu0",path="0000:41:00",status="refused"}} 0',
+        f'pvegpu_hook_mapping_healthy{{{vm},mapping="gpu5",path="0000:d1:00",status="refused"}} 0',
+    )
+
+
+def test_zipapp_concurrent_edit_leaves_the_drifted_mappings_unhealthy(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    code, textfiles, vm = start_with_gauges(
+        zipapp, tmp_path, hw["reference"], trees["reference-renumbered"], racing=True
+    )
+    lines = gauge_lines(textfiles)
+    assert (code, lines[2]) == (1, f'pvegpu_hook_result{{{vm},result="refused"}} 1')
+    # Not written: the old address, not healthy.
+    assert (
+        lines[3]
+        == f'pvegpu_hook_mapping_healthy{{{vm},mapping="gpu0",path="0000:41:00",status="repaired"}} 0'
+    )
+
+
+def test_zipapp_unreadable_hardware_gauges_say_unchecked(
+    zipapp: Path, hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    code, textfiles, vm = start_with_gauges(zipapp, tmp_path, hw["reference"], tmp_path / "no-sys")
+    assert (code, gauge_lines(textfiles)) == (
+        0,
+        [
+            f"pvegpu_hook_last_run_timestamp_seconds{{{vm}}} T",
+            f"pvegpu_hook_start_allowed{{{vm}}} 1",
+            f'pvegpu_hook_result{{{vm},result="unchecked"}} 1',
+        ],
+    )
+
+
+def test_zipapp_without_the_exporters_directory_writes_no_gauges(
+    zipapp: Path, trees: dict[str, Path], hw: dict[str, HostHardware], tmp_path: Path
+) -> None:
+    root, pvesh = node_root(tmp_path, hw["reference"])
+    missing = tmp_path / "no-exporter"
+    done = run_hook(
+        zipapp, root, pvesh, trees["reference-renumbered"], "--textfile-dir", str(missing), "100", "pre-start"
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert not missing.exists()
+
+
+def test_error_unexpected_exception_still_leaves_a_failed_gauge(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*_args: object, **_kwargs: object) -> int:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(pre_start_module, "pre_start", broken)
+    monkeypatch.setattr(syslog, "syslog", lambda *_args: None)
+    assert main_module.main(["--textfile-dir", str(tmp_path), "100", "pre-start"]) == 0
+    capsys.readouterr()
+    node = os.uname().nodename.split(".")[0]
+    assert gauge_lines(tmp_path)[1:] == [
+        f'pvegpu_hook_start_allowed{{node="{node}",vmid="100"}} 1',
+        f'pvegpu_hook_result{{node="{node}",vmid="100",result="failed"}} 1',
+    ]
+
+
+def test_error_gauges_that_cannot_be_written_say_so_and_the_start_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "pvegpu_hook.prom").mkdir()  # a rename over a directory fails
+    pre_start_module.write_gauges(tmp_path / "pvegpu_hook.prom", REPAIR, "valid")
+    assert capsys.readouterr().out.startswith(
+        f"pvegpu: VM 100: gauges not written to {tmp_path / 'pvegpu_hook.prom'}: "
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pvegpu_hook.prom"]

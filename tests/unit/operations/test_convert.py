@@ -13,13 +13,14 @@ from pyinfra.api.exceptions import OperationError
 from pvegpu.models.vm import VmSpec
 from pvegpu.operations import pve_guest
 from pvegpu.operations.convert import q35_conversion
-from pvegpu.plan.vm import create_keys, vm_config
+from pvegpu.plan.vm import VmPlan, create_keys, vm_config
 from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 
 SPEC = VmSpec(vmid=120, cores=16, memory=65536)
-CONFIG, CREATE = vm_config(SPEC, ("gpu0", "gpu1"), None), create_keys(SPEC)
+CONFIG = vm_config(SPEC, ("gpu0", "gpu1"), None)
+PLAN = VmPlan(SPEC, CONFIG, create_keys(SPEC), clique="", storages={}, unbound=(), problem=None)
 DIGEST = "3f786850e387550fdab836ed7e6dc881de23001b"
 VM = "/nodes/pve1/qemu/120"
 MAC = "BC:24:11:5E:2A:01"
@@ -93,9 +94,7 @@ def convert(api: FakeApi) -> tuple[list[Any], list[str]]:
         q35_conversion,
         {},
         guest=pve_guest.Guest(pve_guest.VM, api.client, "pve1", 120),
-        config=CONFIG,
-        create=CREATE,
-        prefix="gpu",
+        vm=PLAN,
         timeout_s=5,
     )
 

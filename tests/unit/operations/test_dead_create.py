@@ -6,6 +6,7 @@ the POST, given the UPID, removed once the guest is whole."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pvegpu.pve.errors import PveError
 from pvegpu.pve.transport import Params
 from tests.unit.fake_pve import NONCED, UPID_CREATE, ConfigStore, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
+from tests.unit.operations.test_lxc import PLAN as CT_PLAN
 from tests.unit.operations.test_vm import (
     CONFIG,
     CONFIG_PATH,
@@ -317,8 +319,7 @@ def test_error_own_dead_create_of_a_container_is_reported(
             lxc_container,
             {},
             guest=Guest(CT, api.client, "pve1", 200),
-            config={},
-            create={},
+            container=replace(CT_PLAN, config={}, create={}),
             timeout_s=5,
             ledger=records,
         )

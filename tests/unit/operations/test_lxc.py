@@ -20,6 +20,7 @@ from pvegpu.plan.lxc import (
     SHM_ENTRY,
     SHM_PREFIX,
     ContainerChange,
+    ContainerPlan,
     container_config,
     create_keys,
     diff_container,
@@ -132,15 +133,22 @@ def test_parse_nvidia_nodes() -> None:
 # --- lxc_container ---------------------------------------------------------------------------
 
 
+PLAN = ContainerPlan(SPEC, CONFIG, create_keys(SPEC), raw_lines(SPEC, DEVICES), host_module="580.95.05")
+
+
 def converge(api: FakeApi) -> tuple[list[Any], list[str]]:
     return run_op(
         lxc_container,
         {},
         guest=Guest(CT, api.client, "pve1", 200),
-        config=CONFIG,
-        create=create_keys(SPEC),
+        container=PLAN,
         timeout_s=5,
     )
+
+
+def test_container_plan_creates_with_its_config_and_create_keys() -> None:
+    assert PLAN.created_with == {**CONFIG, **create_keys(SPEC)}
+    assert list(PLAN.created_with)[:2] == ["hostname", "cores"]  # the config first, as the POST sends it
 
 
 def test_create_container_with_devices() -> None:

@@ -17,7 +17,7 @@ from pvegpu.models.vm import VmSpec
 from pvegpu.operations.pve_guest import VM, Guest, guest_running
 from pvegpu.operations.vm import guest_gpus, q35_vm
 from pvegpu.plan.mmio import MmioWindow
-from pvegpu.plan.vm import create_keys, vm_config
+from pvegpu.plan.vm import VmPlan, create_keys, vm_config
 from pvegpu.pve.errors import PveConnectionError, PveError, Unparsed
 from tests.unit.fake_pve import (
     NONCED,
@@ -38,6 +38,7 @@ MMIO = "-fw_cfg name=opt/ovmf/X-PciMmio64Mb,string=4194304"
 WINDOW = MmioWindow(bar_bytes=1 << 40, window_mib=4194304, args=MMIO, phys_bits=44)
 CONFIG = vm_config(SPEC, IDS, WINDOW)
 CREATE = create_keys(SPEC)
+PLAN = VmPlan(SPEC, CONFIG, CREATE, clique="", storages={}, unbound=(), problem=None)
 CONFIG_PATH = "/nodes/pve1/qemu/100/config"
 MISSING = PveError(500, "Configuration file 'nodes/pve1/qemu-server/100.conf' does not exist")
 MISMATCH = "checksum mismatch (file change by other user?)"
@@ -74,14 +75,12 @@ def config_api(store: ConfigStore, **answers: object) -> FakeApi:
 
 
 def converge(api: FakeApi, ledger: CreateLedger | None = None) -> tuple[list[Any], list[str]]:
-    """`q35_vm` of CONFIG/CREATE on pve1's VM 100 through `api`; `ledger`: pvegpu's create records."""
+    """`q35_vm` of PLAN (CONFIG/CREATE) on pve1's VM 100 through `api`; `ledger`: pvegpu's create records."""
     return run_op(
         q35_vm,
         {},
         guest=Guest(VM, api.client, "pve1", 100),
-        config=CONFIG,
-        create=CREATE,
-        prefix="gpu",
+        vm=PLAN,
         timeout_s=5,
         ledger=ledger,
     )
@@ -547,8 +546,8 @@ def test_a_token_without_a_root_path_is_refused_a_root_only_key_root_wrote_befor
 
     with pytest.raises(OperationError) as error:
         run_op(
-            q35_vm, {}, guest=Guest(VM, api.client, "pve1", 100), config=without_hook, create=CREATE,
-            prefix="gpu", timeout_s=5,
+            q35_vm, {}, guest=Guest(VM, api.client, "pve1", 100), vm=replace(PLAN, config=without_hook),
+            timeout_s=5,
         )  # fmt: skip
 
     assert str(error.value) == (

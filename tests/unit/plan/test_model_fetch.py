@@ -6,9 +6,17 @@ import json
 
 import pytest
 
+from pvegpu.models.doctor import Finding
 from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile
 from pvegpu.models.sglang import SglangSpec
-from pvegpu.plan.model_fetch import complete_line, fetch_config, fetch_exec_start, fetch_reason, progress_line
+from pvegpu.plan.model_fetch import (
+    complete_line,
+    fetch_config,
+    fetch_exec_start,
+    fetch_reason,
+    model_findings,
+    progress_line,
+)
 
 SPEC = SglangSpec(model_path="/models/GLM-5-NVFP4", model_repo="nvidia/GLM-5-NVFP4")
 COMMIT = "a" * 40
@@ -42,6 +50,26 @@ def test_fetch_reason(
     spec: SglangSpec, record: ModelRecord | None, files: dict[str, StoreFile] | None, reason: str
 ) -> None:
     assert fetch_reason(spec, record, files) == reason
+
+
+def test_the_doctor_says_complete_as_info_else_why_and_the_next_fetch_as_a_warning() -> None:
+    assert model_findings(SPEC, RECORD, FILES) == (
+        Finding(f"model: /models/GLM-5-NVFP4: nvidia/GLM-5-NVFP4@{COMMIT}: 2 files, 1 GB, verified"),
+    )
+    assert model_findings(SPEC, None, None) == (
+        Finding(
+            "model: nvidia/GLM-5-NVFP4@main: not fetched yet (no record of a verified fetch); the next "
+            "deploy/site.py fetches it",
+            warning=True,
+        ),
+    )
+    assert model_findings(SPEC, RECORD, {"config.json": FILES["config.json"]}) == (
+        Finding(
+            "model: nvidia/GLM-5-NVFP4@main: model.safetensors is missing; "
+            "the next deploy/site.py fetches it",
+            warning=True,
+        ),
+    )
 
 
 def test_the_config_holds_no_secret_and_the_unit_runs_the_hub_venv() -> None:

@@ -15,6 +15,7 @@ from pvegpu.models.vm import VmSpec
 from pvegpu.plan.mmio import mmio_refusal
 from pvegpu.plan.node import NodeObserved, plan_node
 from pvegpu.plan.profile import NodeSteps, ServingSteps, node_steps, serving_steps
+from pvegpu.plan.reboot import Ours, RebootGuard
 from pvegpu.plan.vm import VmPlan, storages_used
 from tests.unit.hostdata import RTX, two_cards
 
@@ -50,11 +51,14 @@ def test_create_vm_node_plan_holds_topology_functions_ids_vfio_mmio_and_steps() 
         waiting=None,
     )
     assert (plan.serving, plan.problem, plan.passable_problem()) == (None, None, None)
+    # the inventory's VM is pvegpu's; no driver of the node's own to keep with the `vm` profile
+    assert plan.reboot_guard == RebootGuard("pve1", Ours("pve1", (("VM", 100),)), False, None)
 
 
 def test_noop_serving_host_is_planned_from_its_hardware_alone() -> None:
     plan = plan_node("llm", host_specs(data()), frozenset({VM_GUESTS}), NodeObserved(two_cards()))
     assert (plan.host, plan.vfio, plan.steps, plan.functions) == (None, None, None, ())
+    assert plan.reboot_guard is None
     assert plan.serving == ServingSteps(driver="guest", sglang=True)
     assert len(plan.topology.gpus) == 2
 

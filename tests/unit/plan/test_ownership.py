@@ -12,11 +12,12 @@ from pyinfra.api.exceptions import OperationError
 from pvegpu.models.lxc import LxcSpec
 from pvegpu.models.node import GpuSelector
 from pvegpu.models.pve import PciMapping
+from pvegpu.models.vm import VmSpec
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.lxc import lxc_container
 from pvegpu.operations.mapping import foreign_mappings, pci_mappings
 from pvegpu.operations.pve_guest import CT, VM, Guest, Ownership, guest_parked, refuse_foreign
-from pvegpu.plan.lxc import container_config, create_keys, plan_lxc_devices
+from pvegpu.plan.lxc import ContainerPlan, container_config, create_keys, plan_lxc_devices
 from pvegpu.plan.mapping import plan_mappings
 from pvegpu.plan.ownership import (
     guest_mark,
@@ -26,6 +27,7 @@ from pvegpu.plan.ownership import (
     owner_id,
 )
 from pvegpu.plan.topology import plan_topology
+from pvegpu.plan.vm import VmPlan
 from pvegpu.pve.errors import PveError
 from tests.unit.fake_pve import ConfigStore, FakeApi, MappingStore, execute, task_ok
 from tests.unit.hostdata import two_cards
@@ -59,8 +61,7 @@ def converge_ct(api: FakeApi, ownership: Ownership) -> tuple[list[Any], list[str
         lxc_container,
         {},
         guest=Guest(CT, api.client, "pve1", 200),
-        config=CONFIG,
-        create=create_keys(SPEC),
+        container=ContainerPlan(SPEC, CONFIG, create_keys(SPEC), (), host_module=None),
         timeout_s=5,
         ownership=ownership,
     )
@@ -136,9 +137,7 @@ def test_error_conversion_of_an_unmarked_vm_needs_vm_adopt() -> None:
             q35_conversion,
             {},
             guest=Guest(VM, api.client, "pve1", 100),
-            config={},
-            create={},
-            prefix="gpu",
+            vm=VmPlan(VmSpec(vmid=100), {}, {}, clique="", storages={}, unbound=(), problem=None),
             timeout_s=5,
             ownership=VM_OWNED,
         )

@@ -650,3 +650,18 @@ def test_the_ssh_backend_never_imports_requests() -> None:
     code = "import sys, pvegpu.pve.host_client, roles.site; print({'requests', 'urllib3'} & set(sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout == "set()\n"
+
+
+def test_agent_file_read_its_text_or_none() -> None:
+    api, pvesh = client(
+        ('{"content":"ID=debian\\n","truncated":0}\n', "", 0),
+        ("", "QEMU guest agent is not running\n", 255),
+        ('{"content":null}\n', "", 0),
+    )
+    assert api.agent_file_read("pve1", 100, "/etc/os-release") == "ID=debian\n"
+    assert api.agent_file_read("pve1", 100, "/etc/os-release") is None  # the agent does not answer
+    assert api.agent_file_read("pve1", 100, "/etc/os-release") is None  # nothing readable as text
+    assert pvesh.calls[0] == [
+        "pvesh", "get", "/nodes/pve1/qemu/100/agent/file-read",
+        "--file", "/etc/os-release", "--output-format", "json",
+    ]  # fmt: skip

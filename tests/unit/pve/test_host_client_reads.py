@@ -20,10 +20,9 @@ from pvegpu.pve.transport import Params
 from tests.unit.fake_pve import UPID_CREATE, FakeApi, execute, sequence, task_ok
 from tests.unit.op_harness import run_op
 from tests.unit.operations.test_vm import (
-    CONFIG,
     CONFIG_PATH,
-    CREATE,
     MISSING,
+    PLAN,
     STATUS,
     created_config,
     status,
@@ -35,7 +34,7 @@ def _site_vm_ops(client: PveClient) -> list[str]:
     """deploy/site.py's q35_vm role on a node: converge the config (executed), then start the VM (prepared
     only: a start is not what is counted here); the noop sentences of both."""
     common: dict[str, Any] = {"guest": Guest(VM, client, "pve1", 100), "timeout_s": 5}
-    commands, converged = run_op(q35_vm, {}, config=CONFIG, create=CREATE, prefix="gpu", **common)
+    commands, converged = run_op(q35_vm, {}, vm=PLAN, **common)
     execute(commands)
     _, started = run_op(guest_running, {}, **common)
     return converged + started

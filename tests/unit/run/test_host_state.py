@@ -120,3 +120,16 @@ def test_the_unchanged_state_is_the_read_until_a_change() -> None:
     guest.ran_an_operation()
     assert unchanged_state(target) is None
     assert [fact for fact, _ in guest.facts] == [ServingRead]
+
+
+def test_a_serving_host_reads_the_exporter_its_gauges_and_where_the_module_is_the_next_boot() -> None:
+    """The node exporter's operations and the gauges decide from this one read (pvegpu/run/exporter.py):
+    nothing of theirs is read on its own on a serving host."""
+    guest, container = (
+        state_request(serving_plan(VM_GUESTS, "vm")),
+        state_request(serving_plan(LXC_GUESTS, "lxc")),
+    )
+    for request in (guest, container):
+        assert "/var/lib/prometheus/node-exporter/pvegpu_serving.prom" in request.paths
+        assert "prometheus-node-exporter.service" in request.units
+    assert (guest.next_boot, container.next_boot) == (True, False)  # a container has no module of its own

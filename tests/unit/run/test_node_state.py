@@ -73,6 +73,10 @@ def test_the_request_is_the_nodes_settings_and_pvegpus_files() -> None:
             driver_files=DRIVER_FILES,
             driver_units=DRIVER_UNITS,
             sha256_paths=(BUNDLE_PATH,),
+            exporter_files=(
+                "/var/lib/prometheus/node-exporter/pvegpu_node.prom",
+                "/var/lib/prometheus/node-exporter/pvegpu_serving.prom",
+            ),
         )
     ]
 

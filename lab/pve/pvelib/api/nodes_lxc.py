@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import access
+from ..ct_permissions import check_ct_modify_config_perm, check_lxc_create_perms
 from ..drives import guest_mac
 from ..errors import DieError, ParamError
-from ..formats import BOOL, DEV_FMT, VMID_P
+from ..formats import BOOL, DEV_FMT, MP_FMT, VMID_P, mountpoint_type
 from ..guest_config import (
     LXC_DIR,
     QEMU_DIR,
@@ -31,8 +32,6 @@ from ..jsonschema import P, parse_boolean, parse_property_string
 from ..permissions import (
     LXC_CONFIG_PRIVS,
     assert_tag_permissions,
-    check_ct_modify_config_perm,
-    check_lxc_create_perms,
     check_root_params,
     log_api_write,
     unique_tags,
@@ -169,10 +168,25 @@ def _dev_entries(conf: dict[str, str]) -> list[dict[str, str]]:
     return [parse_property_string(P(props=DEV_FMT, default_key="path"), conf[k]) for k in keys]
 
 
+def _check_bind_mounts(call: Call, vmid: str, conf: dict[str, str]) -> None:
+    """The pre-start hook's mount of each bind mpN (LXC.pm mount_volume: `directory '<dir>' does not exist`,
+    written to the CT's /run/pve/ct-<vmid>.stderr log); the start task then fails as vm_start's run_command of
+    `systemctl start pve-container@<vmid>` does."""
+    keys = sorted((k for k in conf if re.fullmatch(r"mp\d+", k)), key=lambda k: int(k[2:]))
+    for key in keys:
+        volume = parse_property_string(P(props=MP_FMT, default_key="volume"), conf[key]).get("volume", "")
+        if mountpoint_type(volume) == "bind" and not call.settings.path(volume).is_dir():
+            write_atomic(
+                call.settings.path(f"/run/pve/ct-{vmid}.stderr"), f"directory '{volume}' does not exist\n"
+            )
+            raise DieError(f"command 'systemctl start pve-container@{vmid}' failed: exit code 1\n")
+
+
 def start_lxc(call: Call) -> Json:
-    """`vzstart` (§6.4): `CT <vmid> already running` before the fork; devN checked again at start. The lab
-    hypervisor starts the container lab host with those device nodes; its refusal fails the task with
-    `start failed: <message>`. The stand-in records the container as running (its status)."""
+    """`vzstart` (§6.4): `CT <vmid> already running` before the fork; devN checked again at start, and a
+    bind mpN's directory (_check_bind_mounts; the lab's container host does not mount it: container.py).
+    The lab hypervisor starts the container lab host with those device nodes; its refusal fails the task
+    with `start failed: <message>`. The stand-in records the container as running (its status)."""
     vmid = call.path_params["vmid"]
     check_root_params(call, ("skiplock",))
     conf = load_guest(call, "lxc")
@@ -185,6 +199,7 @@ def start_lxc(call: Call) -> Json:
         for key, value in conf.main.items():
             if re.fullmatch(r"dev\d+", key):
                 check_device(call.settings, value)
+        _check_bind_mounts(call, vmid, conf.main)
         request = {"action": "start", "type": "lxc", "vmid": int(vmid), "dev": _dev_entries(conf.main)}
         hypervisor_request(call, request)
         running = lxc_running_path(call)

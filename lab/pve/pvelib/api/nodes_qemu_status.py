@@ -26,6 +26,7 @@ from ..hypervisor import (
     stop_placeholder,
 )
 from ..jsonschema import P, parse_boolean
+from ..mapping_dir import virtiofs_dirs
 from ..permissions import check_root_params
 from ..pmxcfs import locked, vm_config_locked, write_atomic
 from ..rest import VMS, Call, Endpoint, Json
@@ -97,6 +98,7 @@ def start_qemu(call: Call) -> Json:
         with locked(call.settings):
             devices = passthrough_devices(call, staged.main)
             numa_nodes(call.settings, staged.main)
+            virtiofs = virtiofs_dirs(call.settings, staged.main)  # config_to_command: after the memory
             disk = boot_disk(call.settings, staged.main)
         machine = staged.main.get("machine", "pc").split(",")[0]
         request = {
@@ -106,6 +108,7 @@ def start_qemu(call: Call) -> Json:
             "machine": machine,
             "bios": staged.main.get("bios", "seabios"),
             "devices": devices,
+            "virtiofs": virtiofs,
             "disk": disk,
             "cloud_init": cloud_init,
             "mac": net0_mac(staged.main),

@@ -136,3 +136,45 @@ def test_raw_answers_without_a_token_and_for_unknown_paths(proxy: Proxy) -> None
     started = time.monotonic()
     assert proxy.raw("GET", "/api2/json/version", {}) == (401, "No ticket", b"")
     assert time.monotonic() - started >= 3.0  # pveproxy delays every unauthorized answer
+
+
+def test_directory_mapping_statuses(proxy: Proxy) -> None:
+    """pve-manager Mapping/Dir.pm over HTTPS: create 200, an existing id 500, a relative path 400, a stale
+    digest 500, without Mapping.Modify 403."""
+    auth = {"Authorization": f"PVEAPIToken={TOKEN}={SECRET}"}
+    (proxy.root / "srv/models").mkdir(parents=True)
+    create = "/api2/json/cluster/mapping/dir?id=models&map=node%3Dpve1%2Cpath%3D%2Fsrv%2Fmodels"
+
+    assert proxy.raw("POST", create, auth) == (200, "OK", b'{"data": null}')
+    status, reason, body = proxy.raw("POST", create, auth)
+    assert (status, reason, json.loads(body)["message"]) == (
+        500,
+        "create directory mapping failed: dir ID 'models' already defined",
+        "create directory mapping failed: dir ID 'models' already defined\n",
+    )
+    status, reason, body = proxy.raw(
+        "POST", "/api2/json/cluster/mapping/dir?id=xy&map=node%3Dpve1%2Cpath%3Dm", auth
+    )
+    assert (status, reason, json.loads(body)["errors"]) == (
+        400,
+        "Parameter verification failed.",
+        {
+            "map[0].path": "invalid format - Value does not look like a valid absolute path."
+            " These symbols are currently not allowed in path: ;,=()"
+        },
+    )
+    stale = "/api2/json/cluster/mapping/dir/models?map=node%3Dpve2%2Cpath%3D%2Fm&digest=" + "0" * 40
+    assert proxy.raw("PUT", stale, auth)[:2] == (
+        500,
+        "update directory mapping failed: detected modified configuration - file changed by other user?"
+        " Try again.",
+    )
+    cfg = proxy.root / "etc/pve/user.cfg"
+    cfg.write_text(cfg.read_text().replace("Mapping.Modify,", ""))
+    try:
+        assert proxy.raw("DELETE", "/api2/json/cluster/mapping/dir/models", auth)[:2] == (
+            403,
+            "Permission check failed (/mapping/dir, Mapping.Modify)",
+        )
+    finally:
+        cfg.write_text(api_setup.user_cfg())

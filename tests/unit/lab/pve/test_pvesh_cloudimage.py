@@ -647,6 +647,7 @@ def test_start_hands_the_hypervisor_the_boot_disk_and_the_custom_user_data(pve: 
             "machine": "q35",
             "bios": "ovmf",
             "devices": [],
+            "virtiofs": [],
             "disk": {
                 "key": "scsi0",
                 "volume": "local-lvm:vm-100-disk-1",

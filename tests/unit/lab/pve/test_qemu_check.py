@@ -2,11 +2,12 @@
 reference VM starts; the multifunction clique form of `args` is refused with QEMU's own message, the
 single-function form starts; vfio-pci's property checks (name, range) and its clique rule (NVIDIA, display
 class); every `cpu` and `args` form pvegpu writes; the lab's replacements, exactly; what the hypervisor
-answers and what the stand-in's start task logs."""
+answers (a virtiofsN's directory is the node's) and what the stand-in's start task logs."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from lab.pve.qemu_check import host_phys_bits, lab_run, verdict
 from lab.pve.qemu_cmdline import HostPci
 from pvegpu.plan.p2p import clique_args
 from tests.unit.lab.pve.test_pvesh_cloudimage import Hypervisor, Pve
+from tests.unit.lab.pve.test_virtiofsd import CONF as VIRTIOFS_CONF
+from tests.unit.lab.pve.test_virtiofsd import REFUSED as VIRTIOFS_REFUSED
 
 BUSES = ("41", "61", "71", "81", "a1", "c1", "d1", "e1")
 NV, DISPLAY, AUDIO = "0x10de", "0x030000", "0x040300"
@@ -284,6 +287,26 @@ def test_error_hypervisor_answers_what_qemu_server_dies_of_before_qemu() -> None
     assert hypervisor.handle("pve1", request, "netns") == {
         "ok": False,
         "error": "q35 machine model is not enabled",
+    }
+
+
+def test_hypervisor_serves_the_nodes_directory(node: LabHost) -> None:
+    (node.root / "var/lib/pvegpu/models").mkdir(parents=True)
+    request = {
+        "action": "start",
+        "vmid": 100,
+        "devices": [],
+        "virtiofs": [{"index": 0, "dirid": "models", "path": "/var/lib/pvegpu/models"}],
+        "disk": None,
+        "config": VIRTIOFS_CONF,
+    }
+
+    assert hypervisor.handle("pve1", request, "netns") == {"ok": True, "pid": os.getpid(), "guest": None}
+    gone = request | {"virtiofs": [{"index": 0, "dirid": "models", "path": "/srv/gone"}]}
+    assert hypervisor.handle("pve1", gone, "netns") == {
+        "ok": False,
+        "error": "QEMU exited with code 1",
+        "log": [VIRTIOFS_REFUSED],
     }
 
 

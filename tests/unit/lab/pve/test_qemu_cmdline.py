@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.pve.qemu_cmdline import HostPci, QemuCmdlineError, config_parts, parse_property_string
+from lab.pve.qemu_cmdline import HostPci, config_parts
+from lab.pve.qemu_config import QemuCmdlineError, parse_property_string
 from tests.unit.realdata import real_fixture
 
 CFG2CMD = "20_proxmox_qemu_server_hostpci_vm_configs_and_kvm_cmdlines.txt"
@@ -238,6 +239,50 @@ def test_numa_vm_nodes_bound_to_host_nodes_with_hugepages() -> None:
         "host-nodes=1,policy=bind",
         *("-numa", "node,nodeid=1,cpus=16-31,memdev=ram-node1"),
         *("-readconfig", "/usr/share/qemu-server/pve-q35-4.0.cfg", "-machine", "type=pc-q35-9.2+pve0"),
+    ]
+
+
+# virtiofs: qemu-server 9.2.6 src/PVE/QemuServer/Virtiofs.pm config (the last devices), Memory.pm config (the
+# shared memfd: without NUMA one `virtiofs-mem` the machine uses, with NUMA each node's `virtiofs-memN`).
+VIRTIOFS_DEVICES = (
+    *("-chardev", "socket,id=virtiofs0,path=/run/qemu-server/virtiofsd/vm100-fs0"),
+    *("-device", "vhost-user-fs-pci,queue-size=1024,chardev=virtiofs0,tag=models"),
+)
+
+
+def test_virtiofs_vm_gets_a_shared_memfd_the_socket_and_the_device_last() -> None:
+    share = "models,cache=always,expose-acl=1"  # the options are virtiofsd's (lab/pve/virtiofsd.py)
+    conf = {"machine": "q35", "ostype": "l26", "memory": "8192", "virtiofs0": share}
+    gpu = HostPci(0, ("0000:41:00.0",))
+
+    assert config_parts(100, conf | {"hostpci0": "mapping=gpu0,pcie=1"}, [gpu]) == [
+        *(
+            "-smp",
+            "1,sockets=1,cores=1,maxcpus=1",
+            "-cpu",
+            "kvm64,enforce,+kvm_pv_eoi,+kvm_pv_unhalt,+lahf_lm,+sep",
+        ),
+        *("-m", "8192", "-object", "memory-backend-memfd,id=virtiofs-mem,size=8192M,share=on"),
+        *("-readconfig", "/usr/share/qemu-server/pve-q35-4.0.cfg"),
+        *("-device", "vfio-pci,host=0000:41:00.0,id=hostpci0,bus=ich9-pcie-port-1,addr=0x0"),
+        *VIRTIOFS_DEVICES,
+        *("-machine", "hpet=off,memory-backend=virtiofs-mem,type=q35+pve0"),
+    ]
+
+
+def test_virtiofs_numa_vm_gets_a_shared_memfd_per_node() -> None:
+    conf = {"sockets": "2", "memory": "4096", "numa": "1", "virtiofs0": "dirid=models"}
+
+    assert config_parts(100, conf, [])[4:] == [
+        *("-m", "4096"),
+        *("-object", "memory-backend-memfd,id=virtiofs-mem0,size=2048M,share=on"),
+        *("-numa", "node,nodeid=0,cpus=0,memdev=virtiofs-mem0"),
+        *("-object", "memory-backend-memfd,id=virtiofs-mem1,size=2048M,share=on"),
+        *("-numa", "node,nodeid=1,cpus=1,memdev=virtiofs-mem1"),
+        *("-device", "pci-bridge,id=pci.1,chassis_nr=1,bus=pci.0,addr=0x1e"),
+        *("-device", "pci-bridge,id=pci.2,chassis_nr=2,bus=pci.0,addr=0x1f"),
+        *VIRTIOFS_DEVICES,
+        *("-machine", "type=pc+pve0"),
     ]
 
 

@@ -1,0 +1,81 @@
+"""The node exporter's state on a host in a few lines, part of the node's one read (`node_read.NodeRead`'s
+`exporter` part) and, after a change on the node, read on its own (`ExporterRead`): whether systemd runs
+(`/run/systemd/system`, as sd_booted checks), the package as dpkg has it, the unit's SubState and
+UnitFileState, and the sha256 of each requested textfile. Output lines:
+
+    systemd
+    package\\t<db:Status-Abbrev>\\t<version>
+    unit\\tSubState=<state> / unit\\tUnitFileState=<state>
+    file\t<path>            per requested textfile, then `<sha256>  <path>` when it is a file
+
+`parse_exporter` is pure; FactParseError names a line of another shape.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from pvegpu.facts.errors import FactParseError
+from pvegpu.facts.host_read import ENABLED_STATES, RUNNING_SUBSTATES
+from pvegpu.models.exporter import ExporterState
+
+_DIGEST = re.compile(r"([0-9a-f]{64})  (/.*)")
+_INSTALLED = ("ii", "hi")  # as host_read reads dpkg's status
+
+
+def exporter_command(package: str, unit: str, files: Sequence[str]) -> str:
+    """The POSIX-sh lines (module docstring); exits 0 whatever it finds."""
+    paths = " ".join(shlex.quote(path) for path in files)
+    return (
+        "if [ -d /run/systemd/system ]; then echo systemd; fi\n"
+        f"dpkg-query -W -f='package\\t${{db:Status-Abbrev}}\\t${{Version}}\\n' {shlex.quote(package)} "
+        "2>/dev/null || true\n"
+        f"systemctl show --property SubState --property UnitFileState {shlex.quote(unit)} 2>/dev/null "
+        "| sed 's/^/unit\\t/' || true\n"
+        f'for f in {paths}; do printf "file\\t%s\\n" "$f"; '
+        'if [ -f "$f" ]; then sha256sum -- "$f"; fi; done; true'
+    )
+
+
+def parse_exporter(lines: Sequence[str]) -> ExporterState:
+    """`exporter_command`'s output -> ExporterState."""
+    systemd = installed = running = enabled = False
+    digests: dict[str, str | None] = {}
+    for line in lines:
+        fields = line.split("\t")
+        if line == "systemd":
+            systemd = True
+        elif fields[0] == "package" and len(fields) == 3:
+            installed = installed or (fields[1][:2] in _INSTALLED and bool(fields[2]))
+        elif fields[0] == "unit" and len(fields) == 2 and "=" in fields[1]:
+            key, _, value = fields[1].partition("=")
+            if key == "SubState":
+                running = value in RUNNING_SUBSTATES
+            elif key == "UnitFileState":
+                enabled = value in ENABLED_STATES
+            else:
+                raise FactParseError(f"exporter: unexpected line {line!r}")
+        elif fields[0] == "file" and len(fields) == 2 and fields[1].startswith("/"):
+            digests[fields[1]] = None
+        elif (match := _DIGEST.fullmatch(line)) and match[2] in digests:
+            digests[match[2]] = match[1]
+        elif line.strip() and not (fields[0] == "unit" and len(fields) == 2 and not fields[1]):
+            raise FactParseError(f"exporter: unexpected line {line!r}")
+    return ExporterState(installed, running, enabled, systemd, digests)
+
+
+class ExporterRead(FactBase[ExporterState]):
+    """`host.get_fact(ExporterRead, package=..., unit=..., files=(...))` (module docstring)."""
+
+    @override
+    def command(self, package: str, unit: str, files: Sequence[str]) -> str:
+        return exporter_command(package, unit, files)
+
+    @override
+    def process(self, output: list[str]) -> ExporterState:
+        return parse_exporter(output)

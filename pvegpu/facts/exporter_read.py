@@ -1,12 +1,14 @@
 """The node exporter's state on a host in a few lines, part of the node's one read (`node_read.NodeRead`'s
 `exporter` part) and, after a change on the node, read on its own (`ExporterRead`): whether systemd runs
 (`/run/systemd/system`, as sd_booted checks), the package as dpkg has it, the unit's SubState and
-UnitFileState, and the sha256 of each requested textfile. Output lines:
+UnitFileState, those of pvegpu's gauges timer, and the sha256 of each requested file (the run's textfiles,
+the timer's unit files and script). Output lines:
 
     systemd
     package\\t<db:Status-Abbrev>\\t<version>
     unit\\tSubState=<state> / unit\\tUnitFileState=<state>
-    file\t<path>            per requested textfile, then `<sha256>  <path>` when it is a file
+    timer\\tSubState=<state> / timer\\tUnitFileState=<state>
+    file\t<path>            per requested file, then `<sha256>  <path>` when it is a file
 
 `parse_exporter` is pure; FactParseError names a line of another shape.
 """
@@ -22,7 +24,7 @@ from typing_extensions import override
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.host_read import ENABLED_STATES, RUNNING_SUBSTATES
-from pvegpu.models.exporter import ExporterState
+from pvegpu.models.exporter import GAUGES_TIMER, ExporterState
 
 _DIGEST = re.compile(r"([0-9a-f]{64})  (/.*)")
 _INSTALLED = ("ii", "hi")  # as host_read reads dpkg's status
@@ -37,6 +39,8 @@ def exporter_command(package: str, unit: str, files: Sequence[str]) -> str:
         "2>/dev/null || true\n"
         f"systemctl show --property SubState --property UnitFileState {shlex.quote(unit)} 2>/dev/null "
         "| sed 's/^/unit\\t/' || true\n"
+        f"systemctl show --property SubState --property UnitFileState {GAUGES_TIMER} 2>/dev/null "
+        "| sed 's/^/timer\\t/' || true\n"
         f'for f in {paths}; do printf "file\\t%s\\n" "$f"; '
         'if [ -f "$f" ]; then sha256sum -- "$f"; fi; done; true'
     )
@@ -45,6 +49,7 @@ def exporter_command(package: str, unit: str, files: Sequence[str]) -> str:
 def parse_exporter(lines: Sequence[str]) -> ExporterState:
     """`exporter_command`'s output -> ExporterState."""
     systemd = installed = running = enabled = False
+    states = {"unit": [False, False], "timer": [False, False]}  # running, enabled
     digests: dict[str, str | None] = {}
     for line in lines:
         fields = line.split("\t")
@@ -52,21 +57,22 @@ def parse_exporter(lines: Sequence[str]) -> ExporterState:
             systemd = True
         elif fields[0] == "package" and len(fields) == 3:
             installed = installed or (fields[1][:2] in _INSTALLED and bool(fields[2]))
-        elif fields[0] == "unit" and len(fields) == 2 and "=" in fields[1]:
+        elif fields[0] in states and len(fields) == 2 and "=" in fields[1]:
             key, _, value = fields[1].partition("=")
             if key == "SubState":
-                running = value in RUNNING_SUBSTATES
+                states[fields[0]][0] = value in RUNNING_SUBSTATES
             elif key == "UnitFileState":
-                enabled = value in ENABLED_STATES
+                states[fields[0]][1] = value in ENABLED_STATES
             else:
                 raise FactParseError(f"exporter: unexpected line {line!r}")
         elif fields[0] == "file" and len(fields) == 2 and fields[1].startswith("/"):
             digests[fields[1]] = None
         elif (match := _DIGEST.fullmatch(line)) and match[2] in digests:
             digests[match[2]] = match[1]
-        elif line.strip() and not (fields[0] == "unit" and len(fields) == 2 and not fields[1]):
+        elif line.strip() and not (fields[0] in states and len(fields) == 2 and not fields[1]):
             raise FactParseError(f"exporter: unexpected line {line!r}")
-    return ExporterState(installed, running, enabled, systemd, digests)
+    (running, enabled), (timer_running, timer_enabled) = states["unit"], states["timer"]
+    return ExporterState(installed, running, enabled, systemd, digests, timer_running, timer_enabled)
 
 
 class ExporterRead(FactBase[ExporterState]):

@@ -11,6 +11,10 @@ network, from a zipapp that `bundle.py` builds on the operator's machine out of 
 
 - `decide.py`: pure: the VM's config, the mappings and the hardware -> lines to print, repairs, refused;
 - `pvesh.py`: the one API call (`pvesh set` with a timeout);
-- `main.py`: the entry point Proxmox runs (`<wrapper> <vmid> <phase>`);
+- `main.py`: the entry point Proxmox runs (`<wrapper> <vmid> <phase>`), and `--gauges <vmid>`, which the
+  node's gauges timer runs;
+- `pre_start.py`: the `pre-start` phase: read, decide, print, repair, the hook's gauges;
+- `live_gauges.py`: `--gauges`: read and decide as `pre-start` in `check` mode, write only
+  `pvegpu_mappings.prom`;
 - `bundle.py`: the zipapp and its wrapper script (operator side).
 """

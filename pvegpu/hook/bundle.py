@@ -50,6 +50,7 @@ HOOK_MODULES = (
     "pvegpu.facts.section_config",
     "pvegpu.hook",
     "pvegpu.hook.decide",
+    "pvegpu.hook.live_gauges",
     "pvegpu.hook.main",
     "pvegpu.hook.pre_start",
     "pvegpu.hook.pvesh",

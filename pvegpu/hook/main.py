@@ -1,4 +1,6 @@
-"""The pre-start hookscript's entry point: `python3 pvegpu-hook.pyz [options] VMID PHASE`.
+"""The pre-start hookscript's entry point: `python3 pvegpu-hook.pyz [options] VMID PHASE`, and the node's
+gauges timer's check: `python3 pvegpu-hook.pyz --gauges [options] VMID` (live_gauges.py: reads as
+`pre-start` does, decides as `check` mode would, writes only its own textfile, prints nothing).
 
 Proxmox runs the wrapper (`<snippets>/pvegpu-hook`, written by pvegpu) as `pvegpu-hook <vmid> <phase>`; the
 wrapper adds the options the inventory gives (`--mode`, `--prefix`, `--owner`, `--sysfs-root`); without
@@ -39,6 +41,8 @@ JOURNAL_TAG = "pvegpu-hook"  # the journal tag of the hook's lines (main.py and 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the hook (module docstring); the exit status Proxmox reads."""
     args = _parser().parse_args(argv)
+    if args.gauges:
+        return _live_gauges(args)
     if args.phase != PRE_START:
         return 0
     try:
@@ -60,6 +64,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def _live_gauges(args: argparse.Namespace) -> int:
+    """`--gauges`: the node's timer's check (live_gauges.py); any failure is one line on stderr, exit 1."""
+    try:
+        from pvegpu.hook.decide import Mode, Start  # noqa: PLC0415
+        from pvegpu.hook.live_gauges import live_gauges  # noqa: PLC0415
+
+        node = os.uname().nodename.split(".")[0]
+        start = Start(args.vmid, node, Mode.CHECK, args.prefix, args.owner)
+        textfiles = None if args.textfile_dir is None else Path(args.textfile_dir)
+        return live_gauges(start, Path(args.pve_root), Path(args.sysfs_root), args.timeout, textfiles)
+    except Exception as error:
+        print(failure_line(args.vmid, error, gauges=True), file=sys.stderr)
+        return 1
+
+
 def _failed_gauges(args: argparse.Namespace) -> None:
     """The `failed` result in the hook's textfile, when the hook's own modules still import."""
     try:
@@ -74,10 +93,13 @@ def _failed_gauges(args: argparse.Namespace) -> None:
         return
 
 
-def failure_line(vmid: int, error: Exception) -> str:
-    """The one line of an unexpected error (module docstring), the error's text on that line."""
+def failure_line(vmid: int, error: Exception, *, gauges: bool = False) -> str:
+    """The one line of an unexpected error (module docstring), the error's text on that line; `gauges`:
+    of the `--gauges` check."""
     said = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
     what = f"{type(error).__name__}: {said}" if said else type(error).__name__
+    if gauges:
+        return f"pvegpu: VM {vmid}: the mappings' check failed ({what}); the gauges were not written"
     return (
         f"pvegpu: VM {vmid}: the hook failed ({what}); the start goes on without pvegpu's repair and "
         "Proxmox's own mapping check decides"
@@ -94,8 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--pvesh", default=PVESH)
     parser.add_argument("--textfile-dir", help="the node exporter's textfile directory (default: Debian's)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per command it runs")
+    parser.add_argument(
+        "--gauges",
+        action="store_true",
+        help="only check the VM's mappings as check mode would and write pvegpu_mappings.prom (no PHASE)",
+    )
     parser.add_argument("vmid", type=int)
-    parser.add_argument("phase")
+    parser.add_argument("phase", nargs="?", default="")
     return parser
 
 

@@ -17,11 +17,28 @@ from pvegpu.facts.pci_cfg import parse_pci_cfg
 from pvegpu.hook.decide import PREFIX, Decision, Repair, Start, decide
 from pvegpu.hook.pvesh import PveshError, pvesh_set
 from pvegpu.models.exporter import HOOK_FILE
+from pvegpu.models.hardware import HostHardware
+from pvegpu.models.pve import PciMapping
 from pvegpu.plan.gauges import HookGpu, hook_gauges, render
 from pvegpu.plan.heal import GpuHeal, Status
 
 PCI_CFG = "etc/pve/mapping/pci.cfg"
 QEMU_CONFIG = "etc/pve/qemu-server/{vmid}.conf"
+
+
+READ_ERRORS = (OSError, UnicodeDecodeError, FactCommandError, ParseError)
+
+
+def read_inputs(
+    vmid: int, pve_root: Path, sysfs_root: Path, timeout_s: float
+) -> tuple[str, tuple[PciMapping, ...], HostHardware]:
+    """What the hook decides on: the VM's config text, pci.cfg's mappings (none without the file) and the
+    node's PCI hardware. One of `READ_ERRORS` when one cannot be read."""
+    config = (pve_root / QEMU_CONFIG.format(vmid=vmid)).read_text(encoding="utf-8")
+    cfg = pve_root / PCI_CFG
+    text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
+    hardware = read_hardware_locally(sysfs_root, timeout_s=timeout_s)
+    return config, tuple(parse_pci_cfg(text).mappings), hardware
 
 
 def gauges_path(textfiles: Path | None) -> Path:
@@ -42,15 +59,12 @@ def pre_start(
     textfile directory (`gauges_path`), where the hook's gauges go last (`write_gauges`)."""
     target = gauges_path(textfiles)
     try:
-        config = (pve_root / QEMU_CONFIG.format(vmid=start.vmid)).read_text(encoding="utf-8")
-        cfg = pve_root / PCI_CFG
-        text = cfg.read_text(encoding="utf-8") if cfg.exists() else ""
-        hardware = read_hardware_locally(sysfs_root, timeout_s=timeout_s)
-    except (OSError, UnicodeDecodeError, FactCommandError, ParseError) as error:
-        _say(f"{PREFIX}VM {start.vmid}: nothing checked ({_reason(error)}); Proxmox's own check decides")
+        config, sections, hardware = read_inputs(start.vmid, pve_root, sysfs_root, timeout_s)
+    except READ_ERRORS as error:
+        _say(f"{PREFIX}VM {start.vmid}: nothing checked ({reason(error)}); Proxmox's own check decides")
         write_gauges(target, start, "unchecked")
         return 0
-    decision = decide(start, config, parse_pci_cfg(text).mappings, hardware)
+    decision = decide(start, config, sections, hardware)
     for line in decision.lines:
         _say(line)
     if decision.refused:
@@ -81,6 +95,16 @@ def write_gauges(path: Path, start: Start, result: str, gpus: Sequence[HookGpu] 
     if not path.parent.is_dir():
         return
     content = render(hook_gauges(start.vmid, start.node, result, float(int(time.time())), gpus))
+    try:
+        write_textfile(path, content)
+    except OSError as error:
+        _say(f"{PREFIX}VM {start.vmid}: gauges not written to {path}: {reason(error)}")
+
+
+def write_textfile(path: Path, content: str) -> None:
+    """`content` at `path` (0644), atomically: a temporary file in its directory (`.<name>.pvegpu-new`, not
+    a `*.prom` name the node exporter reads), synced, then renamed over it; OSError (the temporary file
+    removed) when that fails."""
     temp = path.with_name(f".{path.name}.pvegpu-new")
     try:
         with temp.open("w", encoding="utf-8") as file:
@@ -89,9 +113,9 @@ def write_gauges(path: Path, start: Start, result: str, gpus: Sequence[HookGpu] 
             os.fsync(file.fileno())
         temp.chmod(0o644)
         temp.replace(path)
-    except OSError as error:
-        _say(f"{PREFIX}VM {start.vmid}: gauges not written to {path}: {_reason(error)}")
+    except OSError:
         temp.unlink(missing_ok=True)
+        raise
 
 
 def _write(vmid: int, decision: Decision, pci_cfg: Path, pvesh: str, timeout_s: float) -> int:
@@ -100,7 +124,7 @@ def _write(vmid: int, decision: Decision, pci_cfg: Path, pvesh: str, timeout_s: 
             _repair(repair, pci_cfg, pvesh, timeout_s)
         except (OSError, UnicodeDecodeError, PveshError) as error:
             _say(
-                f"{PREFIX}VM {vmid} not started: {repair.mapping} not repaired: {_reason(error)}; nothing "
+                f"{PREFIX}VM {vmid} not started: {repair.mapping} not repaired: {reason(error)}; nothing "
                 "was overwritten, the next start decides again"
             )
             return 1
@@ -116,7 +140,8 @@ def _repair(repair: Repair, pci_cfg: Path, pvesh: str, timeout_s: float) -> None
     pvesh_set(f"/cluster/mapping/pci/{repair.mapping}", options, timeout_s, pvesh)
 
 
-def _reason(error: Exception) -> str:
+def reason(error: Exception) -> str:
+    """An error's text for one line: an OSError's file and message."""
     if isinstance(error, OSError) and error.strerror:
         return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
     return str(error)

@@ -14,19 +14,34 @@ NODE_FILE = f"{TEXTFILE_DIR}/pvegpu_node.prom"
 SERVING_FILE = f"{TEXTFILE_DIR}/pvegpu_serving.prom"
 HOOK_FILE = f"{TEXTFILE_DIR}/pvegpu_hook.prom"
 TEXTFILES = (NODE_FILE, SERVING_FILE)  # the runs' files (the hook's is the hook's alone)
+# The live gauges: a systemd timer runs a check every 30 s that writes its own textfile (never read by a run:
+# it changes at every check). On a serving host SGLang's readiness probe (`SGLANG_FILE`, the script
+# `GAUGES_SCRIPT`); on a Proxmox node with the pre-start hook the hook's bundle in `--gauges` mode
+# (`MAPPINGS_FILE`). One unit name per host: a node with the hook (`vm`) serves nothing itself.
+SGLANG_FILE = f"{TEXTFILE_DIR}/pvegpu_sglang.prom"
+MAPPINGS_FILE = f"{TEXTFILE_DIR}/pvegpu_mappings.prom"
+GAUGES_SERVICE = "pvegpu-gauges.service"
+GAUGES_TIMER = "pvegpu-gauges.timer"
+GAUGES_SERVICE_FILE = f"/etc/systemd/system/{GAUGES_SERVICE}"
+GAUGES_TIMER_FILE = f"/etc/systemd/system/{GAUGES_TIMER}"
+GAUGES_SCRIPT = "/usr/local/sbin/pvegpu-sglang-gauges"
+TIMER_FILES = (GAUGES_SCRIPT, GAUGES_SERVICE_FILE, GAUGES_TIMER_FILE)  # what the run writes for the timer
 
 
 @dataclass(frozen=True)
 class ExporterState:
     """`installed`: dpkg has the exporter's package installed; `running` / `enabled`: its unit, as pyinfra
     reads systemd's states; `systemd`: the host runs systemd (a container without it has no unit to start);
-    `files`: the sha256 of each of pvegpu's textfiles the read looked for (None: no such file)."""
+    `files`: the sha256 of each of pvegpu's textfiles and `TIMER_FILES` the read looked for (None: no such
+    file); `timer_running` / `timer_enabled`: `GAUGES_TIMER`'s states, read alike."""
 
     installed: bool
     running: bool
     enabled: bool
     systemd: bool = True
     files: Mapping[str, str | None] = field(default_factory=dict)
+    timer_running: bool = False
+    timer_enabled: bool = False
 
     def sha256(self, path: str) -> str | None:
         """The sha256 of textfile `path` (None: no such file). KeyError for a path the read did not look

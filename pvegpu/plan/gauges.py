@@ -2,19 +2,24 @@
 only (the node's pre-start hook renders its file with it: pvegpu/hook/bundle.py bundles it).
 
 Debian's `prometheus-node-exporter` reads `*.prom` in its default `--collector.textfile.directory`
-(/var/lib/prometheus/node-exporter) at every scrape. pvegpu writes three files there
-(pvegpu/models/exporter.py), each whole and atomically (a temporary file in the same directory, then a
-rename), so a scrape never sees half a file:
+(/var/lib/prometheus/node-exporter) at every scrape. pvegpu writes five files there
+(pvegpu/models/exporter.py), each whole and atomically (a temporary file in the same directory whose name
+does not end in `.prom`, then a rename), so a scrape never sees half a file, and no series is in two files
+(the collector fails the scrape then):
 
-- `pvegpu_node.prom`, by each `deploy/site.py` run on a Proxmox node (roles/node_exporter.py): the node's PCI
-  mappings, as the run leaves them (pvegpu/run/gauges.py);
-- `pvegpu_serving.prom`, by each `deploy/site.py` run on a serving host: SGLang ready, the model verified,
-  the P2P decision of a VM guest, as the run leaves them;
+- `pvegpu_node.prom`, by each `deploy/site.py` run on a Proxmox node (roles/node_exporter.py): where the
+  node loads the driver, its next boot (pvegpu/run/gauges.py);
+- `pvegpu_serving.prom`, by each `deploy/site.py` run on a serving host: the model verified, the P2P
+  decision of a VM guest, its next boot, as the run leaves them;
 - `pvegpu_hook.prom`, by the node's pre-start hook at every VM start: its result, when it ran, and per GPU
-  the health of the VM's mappings after its repairs.
+  the health of the VM's mappings after its repairs;
+- `pvegpu_sglang.prom`, live: by the serving host's `pvegpu-gauges.timer` every 30 s, SGLang's readiness
+  probe and when it ran (`sglang_help`, the script templates/node_exporter/pvegpu-sglang-gauges.sh.j2);
+- `pvegpu_mappings.prom`, live: by the node's `pvegpu-gauges.timer` every 30 s (the hook's bundle with
+  `--gauges`), per GPU of the VM the mapping's health as the hook would decide it now (`mapping_gauges`).
 
 A run's files carry no time: their content changes only when a value does, so a second run changes nothing.
-The hook's file carries the start's time (each start is an event). Every gauge's HELP line is fixed here, so
+The hook's and the timers' files carry their check's time. Every gauge's HELP line is fixed here, so
 the same gauge name never comes with two help texts (the collector refuses that across files).
 """
 
@@ -26,9 +31,10 @@ from dataclasses import dataclass
 # name -> HELP text (module docstring: one text per name).
 HELP = {
     "pvegpu_mapping_healthy": (
-        "1: the node's map line of this GPU mapping describes its card, as the last deploy/site.py run "
-        "synced it"
+        "1: the node's map line of this GPU mapping matches the live hardware (status valid); 0: drift "
+        "(a renumbering the hook can repair) or changed"
     ),
+    "pvegpu_mapping_checked_timestamp_seconds": "When the node's gauges timer last checked the VM's mappings",
     "pvegpu_p2p_enabled": "1: the VM guest's NCCL plan uses P2P between its GPUs; 0: SHM (label: vm.p2p)",
     "pvegpu_p2p_verdict": "1 for the P2P probe's verdict recorded in the VM guest (p2p or shm), and its mode",
     "pvegpu_next_boot_module_ready": (
@@ -38,7 +44,8 @@ HELP = {
     "pvegpu_model_complete": (
         "1: the model directory holds the pinned revision as verified (sha256 once, then size and mtime)"
     ),
-    "pvegpu_sglang_ready": "1: SGLang answered /health and /v1/models at the last deploy/site.py run's read",
+    "pvegpu_sglang_ready": "1: SGLang answered /health and /v1/models at the gauges timer's last check",
+    "pvegpu_sglang_ready_checked_timestamp_seconds": "When the gauges timer last probed SGLang (Unix time)",
     "pvegpu_hook_last_run_timestamp_seconds": "When the pre-start hook last ran for this VM (Unix time)",
     "pvegpu_hook_start_allowed": "1: the pre-start hook let the VM start; 0: it refused the start",
     "pvegpu_hook_result": "1 for the pre-start hook's last result for this VM",
@@ -128,27 +135,22 @@ class P2pValue:
     record: tuple[str, str] | None = None
 
 
-def node_file(node: str, mappings: Sequence[tuple[str, bool]], next_boot: NextBootValue | None = None) -> str:
-    """The node's file: `pvegpu_mapping_healthy{mapping,node}` per (mapping id, healthy), and the next boot
-    where the node loads the driver itself (`lxc`, `baremetal`). No bus address among the labels: a hook's
-    repair renumbers it, and the file would then change on the next run with no change of health (the hook's
-    own gauge names the address)."""
-    samples = tuple(Sample((("mapping", mapping), ("node", node)), flag(ok)) for mapping, ok in mappings)
-    return render([Gauge("pvegpu_mapping_healthy", samples), *_next_boot(next_boot)])
+def node_file(next_boot: NextBootValue | None = None) -> str:
+    """The node's file: the next boot where the node loads the driver itself (`lxc`, `baremetal`); empty
+    elsewhere. The mappings' health is live, the timer's (`mapping_gauges`): a run's value of it was only
+    ever "synced when the run ended"."""
+    return render(_next_boot(next_boot))
 
 
 def serving_file(
     *,
-    sglang_ready: bool | None,
     model: ModelValue | None = None,
     p2p: P2pValue | None = None,
     next_boot: NextBootValue | None = None,
 ) -> str:
-    """The serving host's file; a gauge whose value is None is left out (`sglang_ready` None: no SGLang
-    here, or not yet: its node's driver waits)."""
+    """The serving host's file; a gauge whose value is None is left out. SGLang's readiness is live, the
+    timer's (`sglang_help`)."""
     gauges: list[Gauge] = []
-    if sglang_ready is not None:
-        gauges.append(Gauge("pvegpu_sglang_ready", (Sample((), flag(sglang_ready)),)))
     if model is not None:
         labels = (("path", model.path), ("repo", model.repo), ("revision", model.revision))
         gauges.append(Gauge("pvegpu_model_complete", (Sample(labels, flag(model.complete)),)))
@@ -197,4 +199,41 @@ def hook_gauges(
                 for g in gpus
             ),
         ),
+    )
+
+
+def sglang_help() -> dict[str, str]:
+    """The HELP text of each gauge the serving host's timer writes (its script renders them, in this
+    order: `pvegpu_sglang_ready` 1/0, then when it probed)."""
+    names = ("pvegpu_sglang_ready", "pvegpu_sglang_ready_checked_timestamp_seconds")
+    return {name: HELP[name] for name in names}
+
+
+@dataclass(frozen=True)
+class MappingHealth:
+    """One of the VM's GPU mappings as the hook would decide it now, without writing: its node's map line's
+    bus address (`path`, "" without one), `status` `valid`, `drift` (a renumbering the hook repairs in
+    `repair` mode) or `changed` (anything else, a mapping missing from pci.cfg included)."""
+
+    mapping: str
+    path: str
+    status: str
+
+
+MAPPING_STATUSES = ("valid", "drift", "changed")
+
+
+def mapping_gauges(node: str, vmid: int, at: float, gpus: Sequence[MappingHealth]) -> tuple[Gauge, ...]:
+    """The node's timer's file (module docstring): per GPU `pvegpu_mapping_healthy{mapping,node,path,status,
+    vmid}` (1 only for `valid`), and `at`, the check's Unix time."""
+    vm = (("node", node), ("vmid", str(vmid)))
+    samples = []
+    for gpu in gpus:
+        if gpu.status not in MAPPING_STATUSES:
+            raise ValueError(f"{gpu.status!r} is not a mapping status {MAPPING_STATUSES}")
+        labels = (("mapping", gpu.mapping), ("node", node), ("path", gpu.path), ("status", gpu.status))
+        samples.append(Sample((*labels, ("vmid", str(vmid))), flag(gpu.status == "valid")))
+    return (
+        Gauge("pvegpu_mapping_healthy", tuple(samples)),
+        Gauge("pvegpu_mapping_checked_timestamp_seconds", (Sample(vm, at),)),
     )

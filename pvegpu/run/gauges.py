@@ -1,18 +1,19 @@
 """The content of pvegpu's textfiles for the node exporter (pvegpu/plan/gauges.py), from what the run already
 reads: the host's plan and its one state read. Nothing is read here that the run does not read anyway.
+The mappings' health and SGLang's readiness are not here: they are live, written by each host's gauges
+timer (pvegpu/plan/gauges.py).
 
 The values are observed, as the run leaves the host: the operation that writes a file comes last in the
 host's run and computes its content when it executes, from the state read, which is read again after an
 operation on the host changed something (pvegpu/run/host_state.py). So a converging run writes what it made,
 and the next run, which changes nothing, finds the same values and writes nothing.
 
-- node (`deploy/site.py`): one `pvegpu_mapping_healthy 1` per GPU mapping this run synced with the live IOMMU
-  groups (profile `vm`); where the node loads the driver (`lxc`, `baremetal`), whether the kernel it boots
+- node (`deploy/site.py`): where the node loads the driver (`lxc`, `baremetal`), whether the kernel it boots
   next has the NVIDIA module (plan/kernel_guard.py);
-- serving host: SGLang's readiness probe (/health and /v1/models) of the state read; with
-  `sglang.model_repo`, the model complete as the fetcher verified it (plan/model_fetch.py `fetch_reason`); on
-  a VM guest whose node is in the run, whether its NCCL plan uses P2P (plan/p2p.py `guest_uses_p2p`) and the
-  probe's recorded verdict; on a VM guest with its driver installed, the next boot's kernel and module.
+- serving host: with `sglang.model_repo`, the model complete as the fetcher verified it
+  (plan/model_fetch.py `fetch_reason`); on a VM guest whose node is in the run, whether its NCCL plan uses
+  P2P (plan/p2p.py `guest_uses_p2p`) and the probe's recorded verdict; on a VM guest with its driver
+  installed, the next boot's kernel and module.
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ def node_gauges(target: Host) -> str:
     """The node's file (module docstring)."""
     plan = plan_of(target)
     steps = plan.steps
-    mappings = [(mapping, True) for mapping in plan.mapping_ids] if steps is not None and steps.vm else []
     boot = None
     if steps is not None and steps.host_driver:
         boot = next_boot_value(state_of(target).next_boot, plan.specs.driver.version, proxmox=True)
-    return gauges.node_file(plan.specs.node.name, mappings, boot)
+    return gauges.node_file(boot)
 
 
 def serving_gauges(target: Host) -> str:
@@ -46,14 +46,12 @@ def serving_gauges(target: Host) -> str:
     plan = plan_of(target)
     steps, spec = plan.serving, plan.specs.sglang
     state = state_of(target)
-    ready = model = p2p = boot = None
-    if steps is not None and steps.sglang:
-        ready = state.probe is not None and state.probe.ok
-        if spec.model_repo is not None:
-            record = parse_model_record(state.records.get(record_path(spec.model_path)))
-            complete = fetch_reason(spec, record, state.store) is None
-            revision = spec.model_revision or "main"
-            model = gauges.ModelValue(spec.model_path, spec.model_repo, revision, complete)
+    model = p2p = boot = None
+    if steps is not None and steps.sglang and spec.model_repo is not None:
+        record = parse_model_record(state.records.get(record_path(spec.model_path)))
+        complete = fetch_reason(spec, record, state.store) is None
+        revision = spec.model_revision or "main"
+        model = gauges.ModelValue(spec.model_path, spec.model_repo, revision, complete)
     mode = node_p2p(target)
     if mode is not None:
         record_ = state.p2p_record
@@ -63,7 +61,7 @@ def serving_gauges(target: Host) -> str:
         version = plan.specs.driver.version
         if module_built_anywhere(state.next_boot, version):  # else: the driver is not installed (yet)
             boot = next_boot_value(state.next_boot, version, proxmox=False)
-    return gauges.serving_file(sglang_ready=ready, model=model, p2p=p2p, next_boot=boot)
+    return gauges.serving_file(model=model, p2p=p2p, next_boot=boot)
 
 
 def next_boot_value(boot: KernelBoot | None, driver: str, *, proxmox: bool) -> gauges.NextBootValue | None:

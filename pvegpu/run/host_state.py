@@ -25,7 +25,7 @@ from pvegpu.facts.host_read import HostRead, HostState, StateRequest
 from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
-from pvegpu.models.exporter import EXPORTER_SERVICE, SERVING_FILE
+from pvegpu.models.exporter import EXPORTER_SERVICE, GAUGES_TIMER, SERVING_FILE, TIMER_FILES
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT_FILE, record_path
 from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
@@ -122,9 +122,9 @@ def _request(
     if "pve-host" in placements:
         paths += [MODULES_LOAD, DEVICES_UNIT]
         units.append(DEVICES_SERVICE)
-    if serving is not None:  # the node exporter and the serving host's gauges (pvegpu/run/exporter.py)
-        paths.append(SERVING_FILE)
-        units.append(EXPORTER_SERVICE)
+    if serving is not None:  # the node exporter, the serving host's gauges and timer (pvegpu/run/exporter.py)
+        paths += [SERVING_FILE, *TIMER_FILES]
+        units += [EXPORTER_SERVICE, GAUGES_TIMER]
     request = StateRequest(
         paths=tuple(paths),
         units=tuple(units),

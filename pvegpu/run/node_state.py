@@ -29,7 +29,7 @@ from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
 from pvegpu.facts.node_read import STORAGE_CFG, ImageDigest, NodeRead, NodeState, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
-from pvegpu.models.exporter import TEXTFILES
+from pvegpu.models.exporter import TEXTFILES, TIMER_FILES
 from pvegpu.models.host_driver import HostDriverState
 from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.spec_validation import spec_of
@@ -64,7 +64,7 @@ def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
         vmids=() if vm is None else (vm.vmid,),
         image_files=((image.checksum_algorithm, image.stored_name),) if isinstance(image, ImageUrl) else (),
         image_unless=None if vm is None else vm_config_path(node.name, vm.vmid),
-        exporter_files=TEXTFILES,
+        exporter_files=(*TEXTFILES, *TIMER_FILES),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,46 @@ def scraped(host: hosts.LabHost) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.startswith("pvegpu_")]
 
 
+SERVED = [
+    'pvegpu_model_complete{path="/srv/models/GLM-5-NVFP4-MTP",repo="festr2/GLM-5-NVFP4-MTP",'
+    'revision="main"} 1',
+    'pvegpu_p2p_enabled{mode="off"} 0',
+]
+CHECKED = re.compile(r"pvegpu_sglang_ready_checked_timestamp_seconds [0-9.]+e\+09")
+
+
+def ssh(host: hosts.LabHost, command: str) -> str:
+    """`command`'s output in `host` (as root); it must succeed."""
+    done = subprocess.run(
+        hosts.ssh_argv(host, command), capture_output=True, text=True, check=False, timeout=120
+    )
+    assert done.returncode == 0, (command, done.stdout, done.stderr)
+    return done.stdout
+
+
+def refresh(host: hosts.LabHost) -> None:
+    """One run of `host`'s gauges timer's service now (Type=oneshot: `start` returns when it finished)."""
+    ssh(host, "systemctl start pvegpu-gauges.service")
+
+
+def served_gauges(guest: hosts.LabHost) -> list[str]:
+    """The serving host's gauges, its SGLang check's time checked and left out."""
+    lines = scraped(guest)
+    assert len([line for line in lines if CHECKED.fullmatch(line)]) == 1, lines
+    return [line for line in lines if not CHECKED.fullmatch(line)]
+
+
+def wait_ready(guest: hosts.LabHost, timeout_s: float = 120.0) -> None:
+    """Until the timer's check finds SGLang ready again (the demo's `down` follows; nothing else waits)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        refresh(guest)
+        if "pvegpu_sglang_ready 1" in served_gauges(guest):
+            return
+        assert time.monotonic() < deadline, "SGLang did not answer again after its restart"
+        time.sleep(2)
+
+
 def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) -> None:
     # Its own node name and run directory: a demo the user left running is neither used nor stopped.
     name = f"dm{os.getpid() % 10000}"  # lab host names: at most 11 characters, with `v100`
@@ -48,18 +89,19 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         )
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
-        # Run 1 changes 13 of the node's 18 operations (host, mappings; the storage's content types, the
+        # Run 1 changes 14 of the node's 19 operations (host, mappings; the storage's content types, the
         # cloud image downloaded, the user-data snippet, the pre-start hook, the VM created from the image,
-        # its disk grown, started, its guest's host key recorded; the node's gauges; no host driver to park,
+        # its disk grown, started, its guest's host key recorded; the node's gauges and gauges timer; no
+        # host driver to park,
         # no i440FX VM to convert, no pending config change to apply; the node exporter is in the lab's root,
         # installed and running); the guest is not in run 1's inventory (it did not exist when run 1
-        # connected). Run 2 changes 28 operations on the guest (driver, the model fetched from the node's
+        # connected). Run 2 changes 29 operations on the guest (driver, the model fetched from the node's
         # stand-in hub: the fetcher, its settings, its unit, the reload, the fetch; SGLang, NCCL's topology
-        # file; its gauges) and none on the node (its 18, plus the guest's already-present packages and its
-        # node exporter); the doctor changes nothing.
+        # file; its gauges and gauges timer) and none on the node (its 19, plus the guest's already-present
+        # packages and its node exporter); the doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
-            ("18", "13", "-", "5"),
-            ("48", "28", "-", "20"),
+            ("19", "14", "-", "5"),
+            ("50", "29", "-", "21"),
             ("-", "-", "-", "-"),
         ]
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output
@@ -83,13 +125,18 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         reboots = (lab_run_dir / name / "merged/var/log/pvegpu-lab/reboot.log").read_text().splitlines()
         assert len(reboots) == 1, reboots
         assert ONE_CONNECTION_CLOSED.search(reboots[0]), reboots
-        # What Prometheus scrapes from each host's node exporter (:9100): the node's mappings as run 1 synced
-        # them and the pre-start hook's verdict at the VM's start; the guest's SGLang, model and P2P.
-        node_lines = scraped(hosts.get_host(name))
+        # What Prometheus scrapes from each host's node exporter (:9100): the pre-start hook's verdict at the
+        # VM's start; the live gauges of each host's timer (run once now rather than waiting its 30 s): the
+        # node's mappings as the hook would decide them now, the guest's SGLang; the guest's model and P2P.
+        node, guest = hosts.get_host(name), hosts.get_host(f"{name}v100")
+        refresh(node)
+        node_lines = scraped(node)
         vm = f'node="{name}",vmid="100"'
         stamp = rf"pvegpu_hook_last_run_timestamp_seconds\{{{re.escape(vm)}\}} [0-9.]+e\+09"
         assert re.fullmatch(stamp, node_lines[0]), node_lines  # the start's time, as the exporter prints it
-        assert node_lines[1:] == [
+        checked = rf"pvegpu_mapping_checked_timestamp_seconds\{{{re.escape(vm)}\}} [0-9.]+e\+09"
+        assert re.fullmatch(checked, node_lines[11]), node_lines
+        assert node_lines[1:11] + node_lines[12:] == [
             *(
                 f'pvegpu_hook_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",'
                 f'status="unchanged",vmid="100"}} 1'
@@ -97,14 +144,20 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
             ),
             f'pvegpu_hook_result{{node="{name}",result="valid",vmid="100"}} 1',
             f"pvegpu_hook_start_allowed{{{vm}}} 1",
-            *(f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}"}} 1' for n in range(8)),
+            *(
+                f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",status="valid",'
+                'vmid="100"} 1'
+                for n, bus in enumerate(REFERENCE_BUSES)
+            ),
         ]
-        assert scraped(hosts.get_host(f"{name}v100")) == [
-            'pvegpu_model_complete{path="/srv/models/GLM-5-NVFP4-MTP",repo="festr2/GLM-5-NVFP4-MTP",'
-            'revision="main"} 1',
-            'pvegpu_p2p_enabled{mode="off"} 0',
-            "pvegpu_sglang_ready 1",
-        ]
+        refresh(guest)
+        assert served_gauges(guest) == [*SERVED, "pvegpu_sglang_ready 1"]
+        # SGLang stopped: the next check says so; started again, it says ready again.
+        ssh(guest, "systemctl stop sglang.service")
+        refresh(guest)
+        assert served_gauges(guest) == [*SERVED, "pvegpu_sglang_ready 0"]
+        ssh(guest, "systemctl start sglang.service")
+        wait_ready(guest)
     finally:
         subprocess.run(
             ["bash", "scripts/demo.sh", "down"], cwd=REPO, env=env, check=True, capture_output=True

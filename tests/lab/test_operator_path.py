@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts
-from tests.lab.test_demo import scraped
+from tests.lab.test_demo import refresh, scraped
 
 pytestmark = pytest.mark.lab
 
@@ -181,8 +181,11 @@ def test_operator_path_every_readme_command_and_three_journeys_twice(
         repaired = rf"^pvegpu: gpu\d {name}: 0000:\S+ group \d+ -> 0000:\S+ group \d+, repaired$"
         assert len(re.findall(repaired, log, re.MULTILINE)) == 8, log
         # The node's exporter (it starts with the node) shows the hook's repair: each mapping at its new
-        # address, healthy; the node's own gauges (the last site run's) unchanged.
-        assert scraped(node)[1:] == [
+        # address, healthy; and the node's gauges timer (its service run once now, not waiting 30 s after
+        # the boot) finds each valid there now.
+        refresh(node)
+        lines = scraped(node)
+        assert lines[1:11] + lines[12:] == [
             *(
                 f'pvegpu_hook_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",'
                 f'status="repaired",vmid="100"}} 1'
@@ -190,8 +193,13 @@ def test_operator_path_every_readme_command_and_three_journeys_twice(
             ),
             f'pvegpu_hook_result{{node="{name}",result="repaired",vmid="100"}} 1',
             f'pvegpu_hook_start_allowed{{node="{name}",vmid="100"}} 1',
-            *(f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}"}} 1' for n in range(8)),
+            *(
+                f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",status="valid",'
+                'vmid="100"} 1'
+                for n, bus in enumerate(RENUMBERED_BUSES)
+            ),
         ]
+        assert lines[11].startswith(f'pvegpu_mapping_checked_timestamp_seconds{{node="{name}",vmid="100"}} ')
         unchanged("pyinfra inventory.py deploy/rebuild_vm.py")
         assert totals("pyinfra inventory.py deploy/site.py")[0][2] == "-"
         unchanged("pyinfra inventory.py deploy/site.py")

@@ -36,6 +36,27 @@ def test_not_installed_without_systemd() -> None:
     assert parse_exporter(lines) == ExporterState(False, False, False, False, {NODE_FILE: None})
 
 
+def test_the_gauges_timer_waiting_and_enabled_and_its_unit_files() -> None:
+    # SOURCE: synthesized from `systemctl show --property SubState --property UnitFileState
+    # pvegpu-gauges.timer` on Debian 12 for an enabled timer between two runs of its service (`waiting`).
+    service = "/etc/systemd/system/pvegpu-gauges.service"
+    lines = [
+        "systemd",
+        "unit\tSubState=running",
+        "unit\tUnitFileState=enabled",
+        "timer\tSubState=waiting",
+        "timer\tUnitFileState=enabled",
+        f"file\t{service}",
+        f"{NODE_SHA256}  {service}",
+    ]
+    assert parse_exporter(lines) == ExporterState(False, True, True, True, {service: NODE_SHA256}, True, True)
+
+
+def test_error_an_unknown_timer_property() -> None:
+    with pytest.raises(FactParseError, match=r"exporter: unexpected line 'timer.tActiveState=active'"):
+        parse_exporter(["timer\tActiveState=active"])
+
+
 def test_a_unit_systemd_does_not_know_is_neither_running_nor_enabled() -> None:
     # SOURCE: synthesized from `systemctl show --property SubState --property UnitFileState nosuch.service`
     # on Debian 12 (SubState=dead, an empty UnitFileState), and a blank line between units.

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.plan import gauges
-from pvegpu.plan.gauges import HookGpu, ModelValue, NextBootValue, P2pValue
+from pvegpu.plan.gauges import HookGpu, MappingHealth, ModelValue, NextBootValue, P2pValue
 
 MAPPING_HELP = (
-    "# HELP pvegpu_mapping_healthy 1: the node's map line of this GPU mapping describes its card, as the "
-    "last deploy/site.py run synced it\n# TYPE pvegpu_mapping_healthy gauge\n"
+    "# HELP pvegpu_mapping_healthy 1: the node's map line of this GPU mapping matches the live hardware "
+    "(status valid); 0: drift (a renumbering the hook can repair) or changed\n"
+    "# TYPE pvegpu_mapping_healthy gauge\n"
 )
 NEXT_BOOT_HELP = (
     "# HELP pvegpu_next_boot_module_ready 1: the kernel the host boots next has the NVIDIA module of the "
@@ -17,35 +18,62 @@ NEXT_BOOT_HELP = (
 )
 
 
-def test_node_file_one_line_per_mapping_without_its_address() -> None:
-    assert gauges.node_file("pve1", [("gpu0", True), ("gpu1", False)]) == (
+def test_mapping_gauges_one_line_per_gpu_with_address_and_status_then_the_check_time() -> None:
+    gpus = [
+        MappingHealth("gpu0", "0000:41:00", "valid"),
+        MappingHealth("gpu1", "0000:52:00", "drift"),
+        MappingHealth("gpu2", "", "changed"),
+    ]
+    assert gauges.render(gauges.mapping_gauges("pve1", 100, 1765000000.0, gpus)) == (
         MAPPING_HELP
-        + 'pvegpu_mapping_healthy{mapping="gpu0",node="pve1"} 1\n'
-        + 'pvegpu_mapping_healthy{mapping="gpu1",node="pve1"} 0\n'
+        + 'pvegpu_mapping_healthy{mapping="gpu0",node="pve1",path="0000:41:00",status="valid",vmid="100"} 1\n'
+        + 'pvegpu_mapping_healthy{mapping="gpu1",node="pve1",path="0000:52:00",status="drift",vmid="100"} 0\n'
+        + 'pvegpu_mapping_healthy{mapping="gpu2",node="pve1",path="",status="changed",vmid="100"} 0\n'
+        + "# HELP pvegpu_mapping_checked_timestamp_seconds When the node's gauges timer last checked the "
+        "VM's mappings\n# TYPE pvegpu_mapping_checked_timestamp_seconds gauge\n"
+        'pvegpu_mapping_checked_timestamp_seconds{node="pve1",vmid="100"} 1765000000\n'
     )
 
 
-def test_node_file_of_a_host_driver_node_has_the_next_boot_and_no_mapping() -> None:
+def test_mapping_gauges_of_a_vm_without_gpu_mapping_only_the_check_time() -> None:
+    assert gauges.render(gauges.mapping_gauges("n", 7, 5.0, [])).splitlines()[-1] == (
+        'pvegpu_mapping_checked_timestamp_seconds{node="n",vmid="7"} 5'
+    )
+
+
+def test_error_mapping_status_outside_the_list() -> None:
+    with pytest.raises(ValueError, match="'refused' is not a mapping status"):
+        gauges.mapping_gauges("n", 7, 0.0, [MappingHealth("gpu0", "", "refused")])
+
+
+def test_node_file_of_a_host_driver_node_has_the_next_boot() -> None:
     boot = NextBootValue("6.8.12-4-pve", "590.48.01", ready=True)
-    assert gauges.node_file("pve1", [], boot) == (
+    assert gauges.node_file(boot) == (
         NEXT_BOOT_HELP + 'pvegpu_next_boot_module_ready{kernel="6.8.12-4-pve",driver="590.48.01"} 1\n'
     )
 
 
 def test_node_file_with_nothing_to_say_is_empty() -> None:
-    assert gauges.node_file("pve1", []) == ""
+    """A `vm` node's mappings are the timer's (`mapping_gauges`), not the run's."""
+    assert gauges.node_file() == ""
+
+
+def test_sglang_help_is_the_timer_scripts_two_gauges() -> None:
+    assert gauges.sglang_help() == {
+        "pvegpu_sglang_ready": "1: SGLang answered /health and /v1/models at the gauges timer's last check",
+        "pvegpu_sglang_ready_checked_timestamp_seconds": (
+            "When the gauges timer last probed SGLang (Unix time)"
+        ),
+    }
 
 
 def test_serving_file_every_gauge_in_order() -> None:
     text = gauges.serving_file(
-        sglang_ready=True,
         model=ModelValue("/srv/models/GLM-5", "festr2/GLM-5-NVFP4-MTP", "main", complete=True),
         p2p=P2pValue("probe", used=False, record=("probe", "shm")),
         next_boot=NextBootValue("6.1.0-28-amd64", "590.48.01", ready=False),
     )
     assert text == (
-        "# HELP pvegpu_sglang_ready 1: SGLang answered /health and /v1/models at the last deploy/site.py "
-        "run's read\n# TYPE pvegpu_sglang_ready gauge\npvegpu_sglang_ready 1\n"
         "# HELP pvegpu_model_complete 1: the model directory holds the pinned revision as verified (sha256 "
         "once, then size and mtime)\n# TYPE pvegpu_model_complete gauge\n"
         'pvegpu_model_complete{path="/srv/models/GLM-5",repo="festr2/GLM-5-NVFP4-MTP",revision="main"} 1\n'
@@ -59,23 +87,21 @@ def test_serving_file_every_gauge_in_order() -> None:
 
 
 def test_serving_file_leaves_out_what_the_host_does_not_have() -> None:
-    assert gauges.serving_file(sglang_ready=None) == ""
-    assert gauges.serving_file(sglang_ready=False).splitlines()[-1] == "pvegpu_sglang_ready 0"
-    assert gauges.serving_file(sglang_ready=None, p2p=P2pValue("on", used=True)).splitlines()[-1] == (
+    """SGLang's readiness is never the run's (the timer's script writes it: no series in two files)."""
+    assert gauges.serving_file() == ""
+    assert gauges.serving_file(p2p=P2pValue("on", used=True)).splitlines()[-1] == (
         'pvegpu_p2p_enabled{mode="on"} 1'
     )
 
 
 def test_the_same_values_render_the_same_bytes() -> None:
     """What makes a second run change nothing: no time, no order that depends on anything but the values."""
-    first = gauges.serving_file(sglang_ready=True, model=ModelValue("/m", "o/m", "abc", complete=True))
-    assert first == gauges.serving_file(
-        sglang_ready=True, model=ModelValue("/m", "o/m", "abc", complete=True)
-    )
+    first = gauges.serving_file(model=ModelValue("/m", "o/m", "abc", complete=True))
+    assert first == gauges.serving_file(model=ModelValue("/m", "o/m", "abc", complete=True))
 
 
 def test_label_values_are_escaped() -> None:
-    text = gauges.serving_file(sglang_ready=None, model=ModelValue('/m"x\\y\nz', "o/m", "r", complete=False))
+    text = gauges.serving_file(model=ModelValue('/m"x\\y\nz', "o/m", "r", complete=False))
     assert text.splitlines()[-1] == 'pvegpu_model_complete{path="/m\\"x\\\\y\\nz",repo="o/m",revision="r"} 0'
 
 

@@ -73,7 +73,6 @@ def test_vm_guest_serving_verified_model_p2p_probe_shm_driver_module_for_next_ke
     )
     decide(plan(VM_GUESTS, "vm"), state, "probe")
     assert gauges.serving_gauges(None) == serving_file(  # type: ignore[arg-type]
-        sglang_ready=True,
         model=ModelValue(MODEL, "org/m", "abc", complete=True),
         p2p=P2pValue("probe", used=False, record=("probe", "shm")),
         next_boot=NextBootValue("6.1.0-28-amd64", DRIVER, ready=True),
@@ -93,7 +92,6 @@ def test_vm_guest_not_answering_model_changed_new_kernel_without_module(decide: 
     )
     decide(plan(VM_GUESTS, "vm"), state, "off")
     assert gauges.serving_gauges(None) == serving_file(  # type: ignore[arg-type]
-        sglang_ready=False,
         model=ModelValue(MODEL, "org/m", "abc", complete=False),
         p2p=P2pValue("off", used=False),
         next_boot=NextBootValue("6.1.0-30-amd64", DRIVER, ready=False),
@@ -106,13 +104,13 @@ def test_vm_guest_before_its_driver_no_probe_no_record_no_next_boot(decide: Any)
     boot = KernelBoot("6.1.0-28-amd64", ("6.1.0-28-amd64",), None, None, {})
     decide(plan(VM_GUESTS, "vm"), replace(host_state(), next_boot=boot), None)
     assert gauges.serving_gauges(None) == serving_file(  # type: ignore[arg-type]
-        sglang_ready=False, model=ModelValue(MODEL, "org/m", "abc", complete=False)
+        model=ModelValue(MODEL, "org/m", "abc", complete=False)
     )
 
 
-def test_vm_node_one_healthy_line_per_mapping(decide: Any) -> None:
+def test_vm_node_file_is_empty_its_mappings_are_the_timers(decide: Any) -> None:
     decide(plan(PVE_NODES, "vm"), host_state())
-    assert gauges.node_gauges(None) == node_file("llm", [("gpu0", True), ("gpu1", True)])  # type: ignore[arg-type]
+    assert gauges.node_gauges(None) == ""  # type: ignore[arg-type]
 
 
 def test_baremetal_node_next_boot_of_the_host_driver(decide: Any) -> None:
@@ -121,7 +119,7 @@ def test_baremetal_node_next_boot_of_the_host_driver(decide: Any) -> None:
     )
     decide(plan(PVE_NODES, "baremetal"), replace(host_state(), next_boot=boot))
     assert gauges.node_gauges(None) == node_file(  # type: ignore[arg-type]
-        "llm", [], NextBootValue("7.0.2-1-pve", DRIVER, ready=False)
+        NextBootValue("7.0.2-1-pve", DRIVER, ready=False)
     )
 
 
@@ -131,3 +129,4 @@ def test_the_same_state_gives_the_same_bytes(decide: Any) -> None:
     first = gauges.serving_gauges(None)  # type: ignore[arg-type]
     assert first == gauges.serving_gauges(None)  # type: ignore[arg-type]
     assert 'pvegpu_p2p_enabled{mode="on"} 1\n' in first
+    assert "pvegpu_sglang_ready" not in first  # the timer's (pvegpu_sglang.prom)

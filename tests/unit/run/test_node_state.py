@@ -76,6 +76,9 @@ def test_the_request_is_the_nodes_settings_and_pvegpus_files() -> None:
             exporter_files=(
                 "/var/lib/prometheus/node-exporter/pvegpu_node.prom",
                 "/var/lib/prometheus/node-exporter/pvegpu_serving.prom",
+                "/usr/local/sbin/pvegpu-sglang-gauges",
+                "/etc/systemd/system/pvegpu-gauges.service",
+                "/etc/systemd/system/pvegpu-gauges.timer",
             ),
         )
     ]

@@ -22,10 +22,8 @@ from pyinfra.operations import files, python
 
 from pvegpu.cli.bench_report import write_reports
 from pvegpu.operations.bench import bench_clock, serving_benchmark
-from pvegpu.plan.bench import bench_argv, bench_cells
-from pvegpu.plan.sglang_service import probe_host
 from pvegpu.run.plan import plan_of
-from pvegpu.run.serving import settings_in_force
+from pvegpu.run.serving import bench_plan_of, settings_in_force
 
 REMOTE_DIR = "/var/lib/pvegpu/bench"
 
@@ -41,20 +39,18 @@ def bench() -> None:
     remote = f"{REMOTE_DIR}/{run_id}.jsonl"
     results = Path(spec.results_dir).resolve()
     local = results / host.name / f"{run_id}.jsonl"
-    base_url = f"http://{probe_host(sglang.host)}:{sglang.port}"
-
     clock = f"{REMOTE_DIR}/{run_id}.started"
-    cells = bench_cells(spec)
+    run = bench_plan_of(host, remote)
     files.directory(name=f"Create {REMOTE_DIR}", path=REMOTE_DIR)
     bench_clock(
-        name=f"Start the run's clock ({spec.max_minutes} minutes for {len(cells)} cells)",
+        name=f"Start the run's clock ({spec.max_minutes} minutes for {len(run.runs)} cells)",
         path=clock,
         results=remote,
     )
-    for cell in cells:
+    for cell, argv in run.runs:
         serving_benchmark(
             name=f"Run SGLang's serving benchmark: {cell.describe()}",
-            argv=bench_argv(spec, sglang, base_url, cell, remote),
+            argv=argv,
             clock=clock,
             budget_s=spec.max_minutes * 60,
             api_key_file=sglang.api_key_file,

@@ -18,7 +18,6 @@ from pyinfra.context import host
 from pvegpu.models.lxc import LXC_KEY
 from pvegpu.models.vm import VM_KEY
 from pvegpu.operations.pve_guest import CT, VM, Guest, GuestKind, Ownership, guest_parked
-from pvegpu.plan.ownership import owner_id
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.plan import plan_of
 
@@ -36,7 +35,8 @@ def guest_parked_role(kind: GuestKind) -> None:
 
     @deploy(title)
     def parked() -> None:
-        specs = plan_of(host).specs
+        plan = plan_of(host)
+        specs = plan.specs
         vm = specs.vm if kind is VM else None
         spec = vm if kind is VM else specs.lxc
         if spec is None:
@@ -48,11 +48,7 @@ def guest_parked_role(kind: GuestKind) -> None:
         guest_parked(
             name=f"Stop the {kind.holder} and keep it from starting at boot",
             guest=Guest(kind, pve_client(host), specs.node.name, spec.vmid),
-            ownership=Ownership(
-                owner_id(specs.pve.owner, specs.pve.cluster, specs.node.name),
-                spec.adopt,
-                f"{key}.adopt",
-            ),
+            ownership=Ownership(plan.owner, spec.adopt, f"{key}.adopt"),
             profile=specs.node.profile,
             allow_stop=specs.host.allow_reboot,
             timeout_s=specs.pve.task_timeout_s,

@@ -22,7 +22,6 @@ from pyinfra.context import host
 from pvegpu.operations.lxc import container_driver, lxc_container, lxc_raw_lines
 from pvegpu.operations.pve_guest import CT, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.plan.lxc import SHM_ENTRY, SHM_PREFIX
-from pvegpu.plan.ownership import owner_id
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.container import container_plan_of, container_userspace
 from pvegpu.run.plan import plan_failures, plan_of
@@ -40,7 +39,7 @@ def lxc_gpu() -> None:
         logger.warning(f"{host.print_prefix}{container.waiting}")
         return
     spec, timeout_s, api = container.spec, pve.task_timeout_s, pve_client(host)
-    ownership = Ownership(owner_id(pve.owner, pve.cluster, node.name), spec.adopt, "lxc.adopt")
+    ownership = Ownership(plan.owner, spec.adopt, "lxc.adopt")
     guest = Guest(CT, api, node.name, spec.vmid)  # the one value every operation below acts on
     refuse_foreign(guest, ownership)  # before anything of the run is written
     lxc_container(

@@ -10,12 +10,9 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
-from pvegpu.models.nccl import summarize
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.nccl_transports import check_transports
-from pvegpu.plan.sglang_service import SERVICE
 from pvegpu.run.plan import plan_of
-from pvegpu.run.reports import nccl_channels, nccl_topology_report
+from pvegpu.run.reports import log_findings, nccl_topology_report, nccl_transport_findings
 from pvegpu.run.serving import serving_nccl
 
 
@@ -27,7 +24,7 @@ def nccl_transports() -> None:
     run with the topology file and the latest without it, each with what NCCL said of the file and its
     transports: the runs the operator compares (README, "measure each step")."""
     plan = plan_of(host)
-    node, single_node = plan.specs.node, plan.specs.sglang.nnodes == 1
+    node = plan.specs.node
     try:
         serving = serving_nccl(host)
     except PlanError as error:
@@ -38,10 +35,4 @@ def nccl_transports() -> None:
     if node.profile == "vm":
         for block in nccl_topology_report(host):
             logger.info(f"{host.print_prefix}{block}")
-    records = nccl_channels(host)
-    pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
-    if pairs:
-        logger.info(f"{host.print_prefix}NCCL transports of {SERVICE} (profile {node.profile}):\n{pairs}")
-    p2p = None if serving is None else serving.p2p
-    for warning in check_transports(node.profile, records, single_node=single_node, p2p=p2p):
-        logger.warning(f"{host.print_prefix}{warning}")
+    log_findings(host, nccl_transport_findings(host, None if serving is None else serving.p2p))

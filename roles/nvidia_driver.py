@@ -48,7 +48,6 @@ from pvegpu.plan.driver import (
     DriverPlan,
     Placement,
 )
-from pvegpu.plan.lxc import device_nodes
 from pvegpu.run.driver import driver_plan_of
 from pvegpu.run.host_state import state_of
 from pvegpu.run.plan import plan_failures
@@ -81,7 +80,7 @@ def nvidia_driver(placement: Placement = "guest") -> None:
         guard=plan.guard,
     )
     if unit is not None:
-        _device_nodes(plan.gpus, unit, installing)
+        _device_nodes(plan.device_nodes, unit, installing)
     driver_verified(
         name="Verify the GPUs, module flavour and version",
         driver=driver,
@@ -158,7 +157,7 @@ def _module_side(plan: DriverPlan) -> OperationMeta | None:
     )
 
 
-def _device_nodes(gpus: int, unit: OperationMeta, installing: bool) -> None:
+def _device_nodes(nodes: tuple[str, ...], unit: OperationMeta, installing: bool) -> None:
     """The device unit enabled and run once the module is loaded (rerun when it changed), then every node
     checked."""
     systemd.daemon_reload(name="Reload systemd units", _if=any_changed(unit))
@@ -171,6 +170,6 @@ def _device_nodes(gpus: int, unit: OperationMeta, installing: bool) -> None:
     )
     device_nodes_present(
         name="Check the NVIDIA device nodes containers bind",
-        nodes=device_nodes(gpus, ()),
+        nodes=nodes,
         installing=installing,
     )

@@ -17,7 +17,6 @@ from pyinfra.api.deploy import deploy
 from pyinfra.context import host
 
 from pvegpu.operations.mapping import foreign_mappings, pci_mappings
-from pvegpu.plan.ownership import owner_id
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.mappings import cluster_mappings
 from pvegpu.run.plan import cluster_hosts, plan_failures, plan_of, syncs_mappings
@@ -34,8 +33,7 @@ def pci_mapping() -> None:
     plan = plan_of(host)
     with plan_failures(host, "cannot map the GPUs:\n"):
         cluster = cluster_mappings(host)
-    pve, node = plan.specs.pve, plan.specs.node.name
-    owner, adopt = owner_id(pve.owner, pve.cluster, node), plan.specs.mapping.adopt
+    node, owner, adopt = plan.specs.node.name, plan.owner, plan.specs.mapping.adopt
     api = pve_client(host)
     # Before anything of the run is written: a gpuN without pvegpu's mark is refused (unless mapping.adopt).
     foreign_mappings(api, cluster.desired, node, plan.mapping_prefix, owner=owner, adopt=adopt)

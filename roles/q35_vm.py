@@ -32,7 +32,6 @@ from pvegpu.operations.p2p import p2p_clique
 from pvegpu.operations.pve_guest import VM, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.operations.vm import q35_vm, vm_pending
 from pvegpu.plan.node import NodePlan
-from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.vm import VmPlan
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.plan import guest_venv, plan_of, unbound_now
@@ -46,7 +45,7 @@ def q35_vm_role() -> None:
     vm, node, pve = _vm_plan(plan), plan.specs.node, plan.specs.pve
     spec, timeout_s = vm.spec, pve.task_timeout_s
     api = pve_client(host)
-    ownership = Ownership(owner_id(pve.owner, pve.cluster, node.name), spec.adopt, "vm.adopt")
+    ownership = Ownership(plan.owner, spec.adopt, "vm.adopt")
     guest = Guest(VM, api, node.name, spec.vmid)  # the one value every operation below acts on
     refuse_foreign(guest, ownership)  # before anything of the run is written
     storages_offer(api, vm.storages)

@@ -30,11 +30,10 @@ from pvegpu.operations.model_fetch import fetcher_source, model_fetch
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import sglang_ready, sglang_venv
-from pvegpu.plan.model_fetch import fetch_config, fetch_exec_start
 from pvegpu.plan.nccl import Profile
-from pvegpu.plan.serving import ServingPlan
+from pvegpu.plan.serving import ModelFetch, ServingPlan
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG
-from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, probe_target
+from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE
 from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, sglang_home
 from pvegpu.run.plan import plan_failures, plan_of
 from pvegpu.run.serving import serving_plan_of
@@ -51,8 +50,8 @@ def sglang() -> None:
     for note in serving.recipe.notes:
         logger.info(f"{host.print_prefix}{note}")
     venv = _installed(spec)
-    if spec.model_repo is not None:
-        _model(spec)
+    if serving.model_fetch is not None:
+        _model(spec, serving.model_fetch)
     unit, written = _service_files(profile, spec, serving)
     changes = [*written, venv]
     systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
@@ -67,7 +66,7 @@ def sglang() -> None:
     started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
     sglang_ready(
         name="Wait for SGLang to answer",
-        target=probe_target(spec),
+        target=serving.probe,
         key_files=tuple(path for _, path in serving.credentials),  # masked in the journal lines it shows
         timeout_s=spec.start_timeout_s,
         starting=any(op.will_change for op in (started, *changes)),
@@ -156,10 +155,10 @@ def _unit(spec: SglangSpec, serving: ServingPlan) -> OperationMeta:
     )
 
 
-def _model(spec: SglangSpec) -> None:
+def _model(spec: SglangSpec, fetch: ModelFetch) -> None:
     """`model_repo` fetched into `model_path` and verified by `pvegpu-model-fetch.service`."""
     file_content(name="Upload pvegpu's model fetcher", content=fetcher_source(), path=FETCH_SCRIPT)
-    file_content(name="Write the model fetch's settings", content=fetch_config(spec), path=FETCH_CONFIG)
+    file_content(name="Write the model fetch's settings", content=fetch.config, path=FETCH_CONFIG)
     unit = file_content(
         name=f"Write {FETCH_UNIT}",
         content=render(
@@ -168,7 +167,7 @@ def _model(spec: SglangSpec) -> None:
             model_path=spec.model_path,
             user=spec.user,
             token_file=spec.hf_token_file,
-            exec_start=fetch_exec_start(FETCH_CONFIG),
+            exec_start=fetch.exec_start,
         ),
         path=FETCH_UNIT_FILE,
     )

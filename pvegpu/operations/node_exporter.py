@@ -38,7 +38,6 @@ from pvegpu.models.sglang import ProbeTarget
 from pvegpu.operations.files import temp_path, write_file
 from pvegpu.operations.render import render
 from pvegpu.plan.gauges import sglang_help
-from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.sglang_service import probe_target
 from pvegpu.run.exporter import exporter_state
 from pvegpu.run.gauges import node_gauges, serving_gauges
@@ -134,9 +133,8 @@ def timer_files(*, serving: bool) -> dict[str, str]:
     vm = plan.vm
     if plan.steps is None or not plan.steps.vm or vm is None or vm.spec.self_heal == "off":
         return {}
-    node, pve = plan.specs.node, plan.specs.pve
-    owner = owner_id(pve.owner, pve.cluster, node.name)
-    exec_start = mappings_exec(vm.spec.vmid, vm.spec.mapping_prefix, owner, str(node.sysfs_root))
+    node = plan.specs.node
+    exec_start = mappings_exec(vm.spec.vmid, vm.spec.mapping_prefix, plan.owner, str(node.sysfs_root))
     return unit_files(f"VM {vm.spec.vmid}'s GPU mappings' health", MAPPINGS_FILE, exec_start)
 
 

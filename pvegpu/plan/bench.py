@@ -24,6 +24,7 @@ from pvegpu.models.bench import BenchSpec
 from pvegpu.models.p2p import Record
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.sglang_service import probe_host
 
 _KEYS = ("max_concurrency", "completed", "output_throughput", "request_throughput", "median_ttft_ms",
          "p99_ttft_ms", "median_itl_ms")  # fmt: skip
@@ -118,6 +119,22 @@ def speed_settings(
     passed = p2p_record is not None and p2p_record.mode == "probe" and p2p_record.verdict == "p2p"
     p2p: P2p = ("probe-passed" if passed else "on") if p2p_in_use else "off"
     return SpeedSettings(numa=numa, topo_file="on" if topo_file_read else "off", p2p=p2p)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A benchmark run's cells in order (`bench_cells`), each with its argv (`bench_argv`) against the
+    serving host's SGLang (`probe_host(sglang.host)` and `sglang.port`)."""
+
+    runs: tuple[tuple[BenchCell, tuple[str, ...]], ...]
+
+
+def plan_bench(bench: BenchSpec, sglang: SglangSpec, output_file: str) -> BenchPlan:
+    """The run of `bench` against `sglang`, each cell appending its result to `output_file`."""
+    base_url = f"http://{probe_host(sglang.host)}:{sglang.port}"
+    return BenchPlan(
+        tuple((cell, bench_argv(bench, sglang, base_url, cell, output_file)) for cell in bench_cells(bench))
+    )
 
 
 def bench_argv(

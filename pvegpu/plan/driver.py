@@ -29,6 +29,7 @@ from pvegpu.models.nvidia import LoadedModule, NvidiaSmi
 from pvegpu.models.specs import HostSpecs
 from pvegpu.plan.cmdline import HOST_P2P_PROFILES
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.lxc import device_nodes as lxc_device_nodes
 from pvegpu.plan.reboot import RebootGuard, reboot_guard
 
 NVIDIA = "10de"
@@ -82,6 +83,12 @@ class DriverPlan:
     @property
     def container(self) -> bool:
         return self.placement == "container"
+
+    @property
+    def device_nodes(self) -> tuple[str, ...]:
+        """The device nodes the boot unit makes and the role checks: `/dev/nvidia0..gpus-1` and the control
+        nodes (plan/lxc.py `device_nodes`, no capability nodes)."""
+        return lxc_device_nodes(self.gpus, ())
 
 
 def plan_driver(

@@ -23,6 +23,7 @@ from pvegpu.plan.errors import PlanError
 from pvegpu.plan.mapping import DEFAULT_PREFIX, mapping_id
 from pvegpu.plan.mmio import MmioWindow, passed_functions, plan_mmio
 from pvegpu.plan.numa import NumaPlan, plan_numa
+from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.profile import (
     HostProfile,
     NodeSteps,
@@ -57,10 +58,13 @@ class NodePlan:
     profile no longer wants (a running kernel that has them still needs a reboot). `numa` is the VM's NUMA
     layout (None without `vm` data, or when it cannot be planned: `numa_problem` says why, and the VM role
     raises it). `vm`: a Proxmox node's VM (None elsewhere, or without `vm` data). `reboot_guard`: what a
-    reboot of a Proxmox node must not cut (plan/reboot.py; None elsewhere)."""
+    reboot of a Proxmox node must not cut (plan/reboot.py; None elsewhere). `owner`: the id pvegpu marks
+    guests and mappings with (plan/ownership.py `owner_id`: `pve.owner`, else `pve.cluster`, else the node's
+    name)."""
 
     name: str
     specs: HostSpecs
+    owner: str
     groups: frozenset[str]
     hardware: HostHardware
     cpu_kernel: CpuKernel | None
@@ -139,6 +143,7 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
     return NodePlan(
         name=name,
         specs=specs,
+        owner=owner_id(specs.pve.owner, specs.pve.cluster, node.name),
         groups=groups,
         hardware=hardware,
         cpu_kernel=observed.cpu_kernel,

@@ -16,16 +16,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pvegpu.models.model_store import FETCH_CONFIG
 from pvegpu.models.nccl import ConfSetting
 from pvegpu.models.recipe import Checkpoint
 from pvegpu.models.secret_file import SecretFile
-from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.sglang import ProbeTarget, SglangSpec
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.model_fetch import fetch_config, fetch_exec_start
 from pvegpu.plan.nccl import NcclPlan, Profile, conf_file_problems
 from pvegpu.plan.nccl_topo import NcclTopo
 from pvegpu.plan.recipe import RecipePlan, plan_recipe
 from pvegpu.plan.sglang import plan_sglang_argv, profile_problems
-from pvegpu.plan.sglang_service import credentials, exec_start, exec_start_pre, key_file_problems
+from pvegpu.plan.sglang_service import (
+    credentials,
+    exec_start,
+    exec_start_pre,
+    key_file_problems,
+    probe_target,
+)
 
 _P2P_NOTE = (
     "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
@@ -63,9 +71,20 @@ class ServingNccl:
 
 
 @dataclass(frozen=True)
+class ModelFetch:
+    """What `pvegpu-model-fetch.service` is written from: the fetcher's config (plan/model_fetch.py
+    `fetch_config`, written to `FETCH_CONFIG`) and the unit's ExecStart."""
+
+    config: str
+    exec_start: str
+
+
+@dataclass(frozen=True)
 class ServingPlan:
     """The SGLang service of one host (module docstring): its NCCL plan and topology file, the recipe (its
-    `notes` are info lines for the run's output), the argv, and the values its templates take."""
+    `notes` are info lines for the run's output), the argv, and the values its templates take; `probe`: the
+    readiness probe's target (plan/sglang_service.py `probe_target`); `model_fetch`: the model fetch's files
+    (None without `sglang.model_repo`)."""
 
     nccl: ServingNccl
     recipe: RecipePlan
@@ -75,6 +94,8 @@ class ServingPlan:
     exec_start: str
     exec_start_pre: str | None
     credentials: tuple[tuple[str, str], ...]
+    probe: ProbeTarget
+    model_fetch: ModelFetch | None
 
 
 def plan_serving(
@@ -108,4 +129,8 @@ def plan_serving(
         exec_start=exec_start(spec, argv),
         exec_start_pre=exec_start_pre(spec),
         credentials=credentials(spec),
+        probe=probe_target(spec),
+        model_fetch=None
+        if spec.model_repo is None
+        else ModelFetch(fetch_config(spec), fetch_exec_start(FETCH_CONFIG)),
     )

@@ -20,7 +20,6 @@ from pvegpu.models.doctor import HookRead, NodeFile, NotRead
 from pvegpu.models.pve import PciMapping
 from pvegpu.models.vm import VmSpec
 from pvegpu.plan.node import NodePlan
-from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.vm import HOOKSCRIPT
 from pvegpu.pve.errors import PveError
 from pvegpu.pve.host_client import PveSetupError, pve_client
@@ -68,10 +67,9 @@ def hook_files(
 ) -> tuple[tuple[str, str], ...]:
     """The hook of VM `vm` on `plan`'s node as this pvegpu writes it, (path, sha256): the wrapper in the
     snippets storage's `directory` and the zipapp `bundle` (pvegpu/operations/hook.py installs the same)."""
-    node, pve = plan.specs.node, plan.specs.pve
-    owner = owner_id(pve.owner, pve.cluster, node.name)
+    node = plan.specs.node
     text = wrapper(
-        bundle, mode=vm.self_heal, prefix=vm.mapping_prefix, owner=owner, sysfs_root=str(node.sysfs_root)
+        bundle, mode=vm.self_heal, prefix=vm.mapping_prefix, owner=plan.owner, sysfs_root=str(node.sysfs_root)
     )
     files = ((f"{directory}/snippets/{HOOKSCRIPT}", text.encode()), (BUNDLE_PATH, bundle.data))
     return tuple((path, hashlib.sha256(data).hexdigest()) for path, data in files)

@@ -25,9 +25,11 @@ from pvegpu.models.boot import KernelBoot
 from pvegpu.models.doctor import Finding
 from pvegpu.models.host_checks import HostCheckData
 from pvegpu.models.model_store import ModelRecord, StoreFile
-from pvegpu.models.nccl import ChannelTransport
+from pvegpu.models.nccl import ChannelTransport, summarize
 from pvegpu.plan.host_checks import Check, checks_to_json
 from pvegpu.plan.kernel_guard import next_boot_report
+from pvegpu.plan.nccl_transports import check_transports
+from pvegpu.plan.sglang_service import SERVICE
 from pvegpu.run.plan import plan_of
 
 
@@ -82,6 +84,19 @@ def nccl_topology_report(target: Host) -> tuple[str, ...]:
     """The latest SGLang run with the NCCL topology file and the latest without it, what NCCL said of the
     file and the transports of each, read from the service's journal (pvegpu/facts/nccl_journal.py)."""
     return topology_file_report(target.get_fact(SglangNcclRuns))
+
+
+def nccl_transport_findings(target: Host, p2p: bool | None) -> tuple[Finding, ...]:
+    """The NCCL transports of `target`'s running SGLang service (its NCCL log): the transport per rank pair
+    (info, none without a log), then a warning for each pair that contradicts the profile's plan
+    (plan/nccl_transports.py `check_transports`; `p2p`: whether that plan uses P2P, None: no plan)."""
+    plan = plan_of(target)
+    profile, single_node = plan.specs.node.profile, plan.specs.sglang.nnodes == 1
+    records = nccl_channels(target)
+    pairs = "\n".join(f"  {pair.describe()}" for pair in summarize(records))
+    said = (Finding(f"NCCL transports of {SERVICE} (profile {profile}):\n{pairs}"),) if pairs else ()
+    warnings = check_transports(profile, records, single_node=single_node, p2p=p2p)
+    return (*said, *(Finding(warning, warning=True) for warning in warnings))
 
 
 def log_findings(target: Host, findings: Iterable[Finding]) -> None:

@@ -12,6 +12,7 @@ the host's state read, which it needs (checkpoint, key files, NCCL conf files), 
 `plan_of` (pvegpu/run/host_state.py `state_request`).
 
 `settings_in_force(host)`: the benchmark's label, the VM speed settings the serving host runs with now.
+`bench_plan_of(host, output_file)`: the benchmark's cells and their argvs (pvegpu/plan/bench.py `BenchPlan`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pyinfra.api.state import State
 from pvegpu.facts.nccl import topology_file_read
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
 from pvegpu.inventory.guests import GUEST_OF_KEY
-from pvegpu.plan.bench import SpeedSettings, speed_settings
+from pvegpu.plan.bench import BenchPlan, SpeedSettings, plan_bench, speed_settings
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
 from pvegpu.plan.nccl_transports import uses_p2p
@@ -90,6 +91,13 @@ def settings_in_force(target: Host) -> SpeedSettings:
         p2p_in_use=uses_p2p(records),
         p2p_record=state_of(target).p2p_record,
     )
+
+
+def bench_plan_of(target: Host, output_file: str) -> BenchPlan:
+    """The benchmark run of serving host `target` from its `bench` and `sglang` data; `output_file`: the
+    results file on the host (named by the run's id, the clock when the run starts)."""
+    specs = plan_of(target).specs
+    return plan_bench(specs.bench, specs.sglang, output_file)
 
 
 def _guest_nccl_topo(target: Host) -> NcclTopo | None:

@@ -36,7 +36,6 @@ from pvegpu.operations import node_exporter
 from pvegpu.operations.files import write_file
 from pvegpu.operations.node_exporter import gauges_timer, sglang_script, timer_files
 from pvegpu.plan.node import NodeObserved, NodePlan, plan_node
-from pvegpu.plan.ownership import owner_id
 from pvegpu.plan.sglang_service import probe_target
 from tests.unit.host_states import host_state
 from tests.unit.hostdata import RTX, two_cards
@@ -111,16 +110,11 @@ def guest(monkeypatch: pytest.MonkeyPatch) -> NodePlan:
     return served
 
 
-def owner_of(node: NodePlan) -> str:
-    pve = node.specs.pve
-    return owner_id(pve.owner, pve.cluster, node.specs.node.name)
-
-
 def test_node_timer_files_exact(vm_node: NodePlan) -> None:
     with ctx_host.use(Node({})):
         files = timer_files(serving=False)
     assert files == {
-        GAUGES_SERVICE_FILE: SERVICE_VM.format(owner=owner_of(vm_node)),
+        GAUGES_SERVICE_FILE: SERVICE_VM.format(owner=vm_node.owner),
         GAUGES_TIMER_FILE: TIMER,
     }
 

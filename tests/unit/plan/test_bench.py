@@ -30,6 +30,7 @@ from pvegpu.plan.bench import (
     history_line,
     parse_history,
     parse_results,
+    plan_bench,
     results_table,
     speed_settings,
 )
@@ -74,6 +75,26 @@ def test_cells_are_the_reference_matrix_by_default() -> None:
         "concurrency 2",
         "1 request with 4096 prompt tokens",
     ]
+
+
+def test_plan_bench_gives_each_cell_its_argv_against_the_probed_host_and_port() -> None:
+    plan = plan_bench(
+        BenchSpec(concurrency=(2,), contexts=()),
+        SglangSpec(host="0.0.0.0", port=31000, api_key_file="/etc/pvegpu/api-key"),
+        "/r.jsonl",
+    )
+    assert plan.runs == (
+        (
+            BenchCell(2, 128, 0),
+            (
+                "/opt/sglang/venv/bin/python", "-m", "sglang.benchmark.serving",
+                "--backend", "sglang-oai-chat", "--base-url", "http://127.0.0.1:31000",
+                "--model", "glm-5", "--tokenizer", "/models/GLM-5-NVFP4",
+                "--dataset-name", "random-ids", "--num-prompts", "8", "--max-concurrency", "2",
+                "--random-input-len", "128", "--random-output-len", "1024", "--output-file", "/r.jsonl",
+            ),
+        ),
+    )  # fmt: skip
 
 
 def test_error_contexts_must_be_above_the_prompt() -> None:

@@ -284,6 +284,10 @@ def test_driver_plan_of_a_proxmox_node_and_of_its_container() -> None:
         guard=reboot_guard(specs),
         gpu_count=8,
     )  # fmt: skip
+    assert node.device_nodes == (
+        *(f"/dev/nvidia{n}" for n in range(8)),
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+    )  # fmt: skip
     container = plan_driver(specs, "container", DEBIAN13, "6.14.8-2-pve", 0)
     assert (container.packages, container.gpus, container.hmm_off, container.guard, container.container) == (
         ("nvidia-driver-cuda=590.48.01-1",), 0, False, None, True

@@ -63,6 +63,17 @@ def test_noop_serving_host_is_planned_from_its_hardware_alone() -> None:
     assert len(plan.topology.gpus) == 2
 
 
+@pytest.mark.parametrize(
+    ("pve", "expected"),
+    [({"owner": "ops", "cluster": "dc1"}, "ops"), ({"cluster": "dc1"}, "dc1"), ({}, "pve1")],
+)
+def test_plan_owner_is_pve_owner_else_cluster_else_node_name(pve: dict[str, str], expected: str) -> None:
+    plan = plan_node(
+        "pve1", host_specs(data(pve=pve)), frozenset({PVE_NODES}), NodeObserved(two_cards(), AMD_6_8)
+    )
+    assert plan.owner == expected
+
+
 def test_error_a_selector_matching_nothing_is_the_plans_problem_naming_the_field() -> None:
     specs = host_specs({"node": {"name": "pve1", "gpus": {"ids": ["10de:ffff"]}}})
     plan = plan_node("pve1", specs, frozenset({PVE_NODES}), NodeObserved(two_cards(), AMD_6_8))

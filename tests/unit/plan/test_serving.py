@@ -7,10 +7,10 @@ import pytest
 
 from pvegpu.models.nccl import ConfSetting
 from pvegpu.models.secret_file import SecretFile, SecretFileKind
-from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.sglang import ProbeTarget, SglangSpec
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.nccl import plan_nccl
-from pvegpu.plan.serving import PROFILE_NOTES, ServingNccl, plan_serving
+from pvegpu.plan.serving import PROFILE_NOTES, ModelFetch, ServingNccl, plan_serving
 
 
 def test_describe_names_the_profile_its_reason_and_settings() -> None:
@@ -67,3 +67,23 @@ def test_error_serving_plan_names_every_problem_one_line_each() -> None:
 def test_error_serving_plan_refuses_a_layout_the_gpus_do_not_fit() -> None:
     with pytest.raises(PlanError, match="tp_size 8 x pp_size 1 = 8 GPUs, but the node has 2 GPUs"):
         plan_serving("lxc", SglangSpec(), SHM, checkpoint=None, gpu_ids=GPUS, secrets={}, conf_files={})
+
+
+def test_create_serving_plan_gives_the_probe_target_and_no_model_fetch_without_model_repo() -> None:
+    plan = plan_serving("vm", SPEC, SHM, checkpoint=None, gpu_ids=GPUS, secrets=KEY_OK, conf_files={})
+    assert plan.probe == ProbeTarget("/opt/sglang/venv/bin/python", "http://127.0.0.1:30000", KEY_FILE)
+    assert plan.model_fetch is None
+
+
+def test_create_serving_plan_gives_the_model_fetchs_config_and_exec_start_with_model_repo() -> None:
+    spec = SglangSpec(tp_size=2, api_key_file=KEY_FILE, model_repo="Qwen/Qwen3-0.6B")
+    plan = plan_serving("vm", spec, SHM, checkpoint=None, gpu_ids=GPUS, secrets=KEY_OK, conf_files={})
+    assert plan.model_fetch == ModelFetch(
+        config=(
+            '{\n "dir": "/models/GLM-5-NVFP4",\n "endpoint": null,\n "repo": "Qwen/Qwen3-0.6B",\n'
+            ' "revision": null,\n "workers": 8\n}\n'
+        ),
+        exec_start=(
+            "/opt/pvegpu/hub/bin/python /usr/local/lib/pvegpu/model-fetch.py /etc/pvegpu/model-fetch.json"
+        ),
+    )

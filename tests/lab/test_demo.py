@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts
+from tests.lab.gauges import REFERENCE_BUSES, assert_node_gauges, refresh, scraped, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -18,41 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 # The reboot stand-in's record of the SSH connections it ended: one, from the lab's end of the veth.
 ONE_CONNECTION_CLOSED = re.compile(r" ssh-closed=10\.200\.\d+\.1:\d+$")
 GRAND_TOTAL = re.compile(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", re.MULTILINE)
-REFERENCE_BUSES = ("41", "51", "61", "71", "c1", "d1", "e1", "f1")  # the reference topology's GPUs, in order
-METRICS = "http://127.0.0.1:9100/metrics"
-
-
-def scraped(host: hosts.LabHost) -> list[str]:
-    """pvegpu's sample lines of `host`'s node exporter, fetched inside the host as Prometheus would."""
-    fetch = f"python3 -c \"import urllib.request as u; print(u.urlopen('{METRICS}').read().decode())\""
-    done = subprocess.run(
-        hosts.ssh_argv(host, fetch), capture_output=True, text=True, check=False, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert "node_textfile_scrape_error 0" in done.stdout.splitlines(), done.stdout  # every file parsed
-    return [line for line in done.stdout.splitlines() if line.startswith("pvegpu_")]
-
-
 SERVED = [
     'pvegpu_model_complete{path="/srv/models/GLM-5-NVFP4-MTP",repo="festr2/GLM-5-NVFP4-MTP",'
     'revision="main"} 1',
     'pvegpu_p2p_enabled{mode="off"} 0',
 ]
 CHECKED = re.compile(r"pvegpu_sglang_ready_checked_timestamp_seconds [0-9.]+e\+09")
-
-
-def ssh(host: hosts.LabHost, command: str) -> str:
-    """`command`'s output in `host` (as root); it must succeed."""
-    done = subprocess.run(
-        hosts.ssh_argv(host, command), capture_output=True, text=True, check=False, timeout=120
-    )
-    assert done.returncode == 0, (command, done.stdout, done.stderr)
-    return done.stdout
-
-
-def refresh(host: hosts.LabHost) -> None:
-    """One run of `host`'s gauges timer's service now (Type=oneshot: `start` returns when it finished)."""
-    ssh(host, "systemctl start pvegpu-gauges.service")
 
 
 def served_gauges(guest: hosts.LabHost) -> list[str]:
@@ -130,26 +102,7 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         # node's mappings as the hook would decide them now, the guest's SGLang; the guest's model and P2P.
         node, guest = hosts.get_host(name), hosts.get_host(f"{name}v100")
         refresh(node)
-        node_lines = scraped(node)
-        vm = f'node="{name}",vmid="100"'
-        stamp = rf"pvegpu_hook_last_run_timestamp_seconds\{{{re.escape(vm)}\}} [0-9.]+e\+09"
-        assert re.fullmatch(stamp, node_lines[0]), node_lines  # the start's time, as the exporter prints it
-        checked = rf"pvegpu_mapping_checked_timestamp_seconds\{{{re.escape(vm)}\}} [0-9.]+e\+09"
-        assert re.fullmatch(checked, node_lines[11]), node_lines
-        assert node_lines[1:11] + node_lines[12:] == [
-            *(
-                f'pvegpu_hook_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",'
-                f'status="unchanged",vmid="100"}} 1'
-                for n, bus in enumerate(REFERENCE_BUSES)
-            ),
-            f'pvegpu_hook_result{{node="{name}",result="valid",vmid="100"}} 1',
-            f"pvegpu_hook_start_allowed{{{vm}}} 1",
-            *(
-                f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",status="valid",'
-                'vmid="100"} 1'
-                for n, bus in enumerate(REFERENCE_BUSES)
-            ),
-        ]
+        assert_node_gauges(scraped(node), name, REFERENCE_BUSES, hook="unchanged", result="valid")
         refresh(guest)
         assert served_gauges(guest) == [*SERVED, "pvegpu_sglang_ready 1"]
         # SGLang stopped: the next check says so; started again, it says ready again.

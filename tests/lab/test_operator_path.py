@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts
-from tests.lab.test_demo import refresh, scraped
+from tests.lab.gauges import assert_node_gauges, refresh, scraped
 
 pytestmark = pytest.mark.lab
 
@@ -184,22 +184,7 @@ def test_operator_path_every_readme_command_and_three_journeys_twice(
         # address, healthy; and the node's gauges timer (its service run once now, not waiting 30 s after
         # the boot) finds each valid there now.
         refresh(node)
-        lines = scraped(node)
-        assert lines[1:11] + lines[12:] == [
-            *(
-                f'pvegpu_hook_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",'
-                f'status="repaired",vmid="100"}} 1'
-                for n, bus in enumerate(RENUMBERED_BUSES)
-            ),
-            f'pvegpu_hook_result{{node="{name}",result="repaired",vmid="100"}} 1',
-            f'pvegpu_hook_start_allowed{{node="{name}",vmid="100"}} 1',
-            *(
-                f'pvegpu_mapping_healthy{{mapping="gpu{n}",node="{name}",path="0000:{bus}:00",status="valid",'
-                'vmid="100"} 1'
-                for n, bus in enumerate(RENUMBERED_BUSES)
-            ),
-        ]
-        assert lines[11].startswith(f'pvegpu_mapping_checked_timestamp_seconds{{node="{name}",vmid="100"}} ')
+        assert_node_gauges(scraped(node), name, RENUMBERED_BUSES, hook="repaired", result="repaired")
         unchanged("pyinfra inventory.py deploy/rebuild_vm.py")
         assert totals("pyinfra inventory.py deploy/site.py")[0][2] == "-"
         unchanged("pyinfra inventory.py deploy/site.py")

@@ -1,6 +1,6 @@
 """What a Proxmox lab node's LXC container is in the lab: a lab host beside the node, shaped like one.
 
-`up(node, vmid, dev, mode)` starts lab host `<node>c<vmid>` (`container_name`) and gives it what a
+`up(node, vmid, dev, mode, mp)` starts lab host `<node>c<vmid>` (`container_name`) and gives it what a
 container on that node sees:
 - the node's PCI hardware as it is at that moment: a container sees the host's /sys, so the node's fake
   sysfs tree is copied into the container's, driver links and all (a later change on the node is not
@@ -11,12 +11,18 @@ container on that node sees:
   `mode`), owner `uid`:`gid` of the entry (default 0), as Proxmox creates it in the container's /dev;
 - the node's NVIDIA module version file copied to the container's VERSION_FILE: a real container reads
   the host module's live /proc/driver/nvidia/version; the lab copies it at the container's start (a real
-  host only changes its loaded module at a reboot, which restarts its containers).
+  host only changes its loaded module at a reboot, which restarts its containers);
+- for every `mp` entry (`{"key": "mp0", "source", "target", "ro"}`: the CT's bind mount points, a node
+  directory as `mpN`'s volume), the node's directory (the node's root + source) bind-mounted on the
+  container's root + target before the container host starts, read-only for `ro`, the target's missing
+  directories made, as pve-container's mountpoint_mount does (lab.pve.shares `mount_points`: its
+  `directory '<source>' does not exist` and `symlink encountered at: <path>` fail the start).
 The container host goes down with the node (`lab down NODE`: it is the node's dependent) and records
 `{"node": ..., "vmid": ...}` in its state directory (lab.pve.node.CONTAINER_RECORD).
 
 Not modelled: the container's own Debian root from `ostemplate` (it is the lab's base root), unprivileged
-id mapping (a node's gid is shown as the entry's), `deny-write`, cgroup device rules, `mpN`/`netN`.
+id mapping (a node's gid is shown as the entry's), `deny-write`, cgroup device rules, `netN`, an `mpN` of
+a storage volume or a device, a bind mount point's `mountoptions`, `acl` and `quota`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 from lab import guest_payload, hosts
 from lab.errors import LabError
+from lab.pve import shares
 from lab.pve.node import CONTAINER_RECORD
 
 _SSH_TIMEOUT_S = 60
@@ -102,14 +109,26 @@ def _device_nodes(node: hosts.LabHost, container: hosts.LabHost, dev: list[dict[
     _ssh(container, " && ".join(script))
 
 
-def up(node_name: str, vmid: int, dev: list[dict[str, str]], mode: hosts.Mode) -> hosts.LabHost:
+def up(
+    node_name: str,
+    vmid: int,
+    dev: list[dict[str, str]],
+    mode: hosts.Mode,
+    mp: list[dict[str, Any]] | None = None,
+) -> hosts.LabHost:
     """Start CT `vmid`'s container host on `node_name` (module docstring); raises ContainerError,
-    LabError or PayloadError after stopping what it started."""
+    ShareError, LabError or PayloadError after stopping what it started."""
     node = hosts.get_host(node_name)
     name = container_name(node_name, vmid)
     hosts.add_dependent(node_name, name)  # before up: a `lab down NODE` meanwhile still finds it
     try:
-        container = hosts.up(name, node.topology, mode, replace=True)
+        container = hosts.up(
+            name,
+            node.topology,
+            mode,
+            replace=True,
+            customize=lambda root: shares.mount_points(node.root, root, vmid, mp or []),
+        )
         _copy_sysfs(node, container)
         guest_payload.install(container)
         _copy_module_version(node, container)

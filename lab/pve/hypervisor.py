@@ -21,24 +21,35 @@ for the `.answer` beside it. This process runs on the lab machine (started with 
   `<node>v<vmid>` with the Q35 (or i440FX, machine `pc`) sysfs of those devices (lab.pve.guest), copied from
   the node's current topology, no driver bound, and the guest's software sources installed (lab.guest_payload:
   stand-in NVIDIA apt repository, sglang wheel) and its stand-in Hugging Face hub, served on the guest's veth
-  until the guest stops (lab.hub: the model fetch's source). A cloud image's first boot applies `cloud_init`
-  (lab.cloud_init: hostname, users and keys, SSH host key, address; the lab does not record its host key); an
-  installed system (not a cloud image) gets the lab's own identity. When the guest runs qemu-guest-agent, the
-  agent's `network-get-interfaces` answer goes to `<node root>/var/lib/pvegpu-lab/agent/<vmid>.json` (the
-  stand-in reads it). Answers `{"ok": true, "pid": <PID>, "guest": <name>}`;
+  until the guest stops (lab.hub: the model fetch's source). Each `virtiofs` entry's directory (the node's
+  root + `path`) is bind-mounted at `/var/lib/pvegpu-lab/virtiofs/<dirid>` in the guest's root before the
+  guest starts, and every booting guest gets the LAB STAND-IN `/sbin/mount.virtiofs` (lab.pve.shares,
+  lab/standins/mount_virtiofs.py), so that `mount -t virtiofs <dirid> DIR [-o ro]` in the guest mounts the
+  node's directory as qemu-server's `vhost-user-fs-pci,...,tag=<dirid>` device gives it to a real guest (a
+  tag without a device fails as mount(8) does: exit status 32). A cloud image's first boot applies
+  `cloud_init` (lab.cloud_init: hostname, users and keys, SSH host key, address; the lab does not record its
+  host key); an installed system (not a cloud image) gets the lab's own identity. When the guest runs
+  qemu-guest-agent, the agent's `network-get-interfaces` answer goes to
+  `<node root>/var/lib/pvegpu-lab/agent/<vmid>.json` (the stand-in reads it). Answers
+  `{"ok": true, "pid": <PID>, "guest": <name>}`;
 - `{"action": "stop", "vmid": N}`: stops that guest and its agent; answers `{"ok": true}`;
 - `{"action": "agent", "vmid": N, "command": C, "params": {...}}`: the guest agent's command C (get-fsinfo,
   file-read, file-write, exec, exec-status), answered `{"ok": true, "result": ...}` or `{"ok": false,
   "error": <qemu-ga's error>}` (lab.pve.agent), `"error": "QEMU guest agent is not running"` without one;
-- `{"action": "start", "type": "lxc", "vmid": N, "dev": [{"path": "/dev/nvidia0", "gid": "44"}, ...]}`
-  (a CT; `dev`: its devN entries): brings up the container lab host `<node>c<vmid>` (lab.pve.container: the
-  node's sysfs, its device nodes and module version, the software sources); answers
+- `{"action": "start", "type": "lxc", "vmid": N, "dev": [{"path": "/dev/nvidia0", "gid": "44"}, ...], "mp":
+  [{"key": "mp0", "source": "/var/lib/...", "target": "/srv/models/X", "ro": true}, ...]}` (a CT; `dev`: its
+  devN entries; `mp`: its mpN bind mounts of a node directory, in index order): brings up the container lab
+  host `<node>c<vmid>` (lab.pve.container: the node's sysfs, its device nodes and module version, the
+  software sources, each `mp` source bind-mounted at its target, read-only for `ro`); answers
   `{"ok": true, "pid": <PID>, "guest": <name>}`;
 - `{"action": "stop", "type": "lxc", "vmid": N}`: stops that container host; answers `{"ok": true}`;
 - `{"action": "exec", "type": "lxc", "vmid": N, "argv": [...], "timeout_s": S}` (`pct exec`): runs argv in
   the container host as root over SSH; answers `{"ok": true, "status": N, "stdout": ..., "stderr": ...}`.
 Failures answer `{"ok": false, "error": "<message>"}`: a start task fails with `start failed: <message>`.
 Guests and container hosts are the node's dependents: `lab down NODE` stops them.
+
+Before it answers requests, the hypervisor serves the lab's images to the node (lab.images); it closes its
+guests' hubs when it exits.
 
     python -m lab.pve.hypervisor NODE STATE_DIR [--guest-mode nspawn|netns]
 """
@@ -58,7 +69,7 @@ from typing import Any, cast
 
 from lab import cloud_init, guest_payload, hosts, hub, images
 from lab.errors import LabError
-from lab.pve import agent, container, qemu_check
+from lab.pve import agent, container, qemu_check, shares
 from lab.pve.guest import GuestError, Passed, guest_topology
 from lab.pve.node import GUEST_RECORD, HV_DIR
 from lab.pve.qemu_cmdline import HostPci
@@ -128,6 +139,13 @@ def start_vm(
         return {"ok": False, "error": str(error)}
     hosts.add_dependent(node, name)  # before up: a `lab down NODE` meanwhile still finds it
     try:
+        binds = shares.virtiofs_binds(node_host.root, list(request.get("virtiofs") or []))
+
+        def customize(root: Path) -> None:
+            if first_boot is not None:
+                cloud_init.apply(root, first_boot)
+            shares.bind_virtiofs(root, binds)
+
         guest = hosts.up(
             name,
             topology,
@@ -136,7 +154,7 @@ def start_vm(
             driver="none",
             index=first_boot.index if first_boot else None,
             record_host_key=first_boot is None,
-            customize=(lambda root: cloud_init.apply(root, first_boot)) if first_boot else None,
+            customize=customize,
         )
         guest_payload.install(guest)
         _close_hub(name)
@@ -186,31 +204,40 @@ def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode)
         timeout_s = float(request.get("timeout_s", EXEC_TIMEOUT_S))
         return container.run(node, vmid, [str(a) for a in request["argv"]], timeout_s)
     try:
-        host = container.up(node, vmid, list(request["dev"]), guest_mode)
+        host = container.up(node, vmid, list(request["dev"]), guest_mode, list(request.get("mp") or []))
     except (container.ContainerError, LabError, guest_payload.PayloadError) as error:
         return {"ok": False, "error": str(error).splitlines()[0]}
     return {"ok": True, "pid": host.pid, "guest": host.name}
 
 
 def serve(node: str, state: Path, guest_mode: hosts.Mode) -> None:
-    """Serve the lab's images to the node (lab.images) and answer requests until the node's state directory
-    is gone."""
+    """Serve the lab's images to the node (lab.images), then answer requests until the node's state directory
+    is gone; the guests' hubs close when this ends."""
     images.serve(hosts.get_host(node))
     folder = state / "merged" / HV_DIR
-    while state.is_dir():
-        for request_path in sorted(folder.glob("*.request")) if folder.is_dir() else []:
-            request = json.loads(request_path.read_text())
-            try:
-                answer = handle(node, request, guest_mode)
-            except Exception as error:  # any failure must reach the waiting task
-                traceback.print_exc()
-                answer = {"ok": False, "error": f"lab hypervisor: {error}"}
-            print(f"{request_path.name}: {json.dumps(answer, sort_keys=True)}", flush=True)
-            partial = request_path.with_suffix(".partial")
-            partial.write_text(json.dumps(answer, sort_keys=True))
-            request_path.unlink()
-            partial.rename(request_path.with_suffix(".answer"))
-        time.sleep(POLL_S)
+    try:
+        while state.is_dir():
+            for request_path in sorted(folder.glob("*.request")) if folder.is_dir() else []:
+                answer_request(node, request_path, guest_mode)
+            time.sleep(POLL_S)
+    finally:
+        for name in list(_HUBS):
+            _close_hub(name)
+
+
+def answer_request(node: str, request_path: Path, guest_mode: hosts.Mode) -> None:
+    """Carry out one request file and write its answer beside it."""
+    request = json.loads(request_path.read_text())
+    try:
+        answer = handle(node, request, guest_mode)
+    except Exception as error:  # any failure must reach the waiting task
+        traceback.print_exc()
+        answer = {"ok": False, "error": f"lab hypervisor: {error}"}
+    print(f"{request_path.name}: {json.dumps(answer, sort_keys=True)}", flush=True)
+    partial = request_path.with_suffix(".partial")
+    partial.write_text(json.dumps(answer, sort_keys=True))
+    request_path.unlink()
+    partial.rename(request_path.with_suffix(".answer"))
 
 
 def _exit(signum: int, frame: FrameType | None) -> None:

@@ -168,12 +168,35 @@ def _dev_entries(conf: dict[str, str]) -> list[dict[str, str]]:
     return [parse_property_string(P(props=DEV_FMT, default_key="path"), conf[k]) for k in keys]
 
 
+def _mp_keys(conf: dict[str, str]) -> list[str]:
+    return sorted((k for k in conf if re.fullmatch(r"mp\d+", k)), key=lambda k: int(k[2:]))
+
+
+def mp_entries(conf: dict[str, str]) -> list[dict[str, Any]]:
+    """The bind mount points of a CT config (an `mpN` whose volume is a node directory: LXC/Config.pm
+    classify_mountpoint's `bind`), in index order, as the lab hypervisor takes them: `{"key": "mp0",
+    "source": <the node's directory>, "target": <the path in the container>, "ro": <bool>}`."""
+    entries: list[dict[str, Any]] = []
+    for key in _mp_keys(conf):
+        props = parse_property_string(P(props=MP_FMT, default_key="volume"), conf[key])
+        if mountpoint_type(props.get("volume", "")) != "bind":
+            continue  # a storage volume or a device: not modelled (lab/pve/container.py)
+        entries.append(
+            {
+                "key": key,
+                "source": props["volume"],
+                "target": props["mp"],
+                "ro": bool(parse_boolean(props.get("ro", "0"))),
+            }
+        )
+    return entries
+
+
 def _check_bind_mounts(call: Call, vmid: str, conf: dict[str, str]) -> None:
     """The pre-start hook's mount of each bind mpN (LXC.pm mount_volume: `directory '<dir>' does not exist`,
     written to the CT's /run/pve/ct-<vmid>.stderr log); the start task then fails as vm_start's run_command of
     `systemctl start pve-container@<vmid>` does."""
-    keys = sorted((k for k in conf if re.fullmatch(r"mp\d+", k)), key=lambda k: int(k[2:]))
-    for key in keys:
+    for key in _mp_keys(conf):
         volume = parse_property_string(P(props=MP_FMT, default_key="volume"), conf[key]).get("volume", "")
         if mountpoint_type(volume) == "bind" and not call.settings.path(volume).is_dir():
             write_atomic(
@@ -184,8 +207,8 @@ def _check_bind_mounts(call: Call, vmid: str, conf: dict[str, str]) -> None:
 
 def start_lxc(call: Call) -> Json:
     """`vzstart` (§6.4): `CT <vmid> already running` before the fork; devN checked again at start, and a
-    bind mpN's directory (_check_bind_mounts; the lab's container host does not mount it: container.py).
-    The lab hypervisor starts the container lab host with those device nodes; its refusal fails the task
+    bind mpN's directory (_check_bind_mounts). The lab hypervisor starts the container lab host with those
+    device nodes and bind mounts (`mp_entries`; lab/pve/container.py mounts them); its refusal fails the task
     with `start failed: <message>`. The stand-in records the container as running (its status)."""
     vmid = call.path_params["vmid"]
     check_root_params(call, ("skiplock",))
@@ -200,7 +223,13 @@ def start_lxc(call: Call) -> Json:
             if re.fullmatch(r"dev\d+", key):
                 check_device(call.settings, value)
         _check_bind_mounts(call, vmid, conf.main)
-        request = {"action": "start", "type": "lxc", "vmid": int(vmid), "dev": _dev_entries(conf.main)}
+        request = {
+            "action": "start",
+            "type": "lxc",
+            "vmid": int(vmid),
+            "dev": _dev_entries(conf.main),
+            "mp": mp_entries(conf.main),
+        }
         hypervisor_request(call, request)
         running = lxc_running_path(call)
         running.parent.mkdir(parents=True, exist_ok=True)

@@ -119,6 +119,7 @@ def test_ct_start_asks_for_the_container_host_with_its_devices_and_stop_stops_it
                 {"path": "/dev/nvidia0", "gid": "44"},
                 {"path": "/dev/nvidiactl", "mode": "0660", "uid": "0"},
             ],
+            "mp": [],
         },
         {"action": "stop", "type": "lxc", "vmid": 200},
     ]

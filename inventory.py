@@ -64,9 +64,8 @@ pve_nodes = exit_on_invalid(
                     "name": "llm",
                     "cores": 64,
                     "memory": 786432,
-                    # The model is fetched into the guest (SERVING): ~429 GB of GLM-5-NVFP4 with its MTP
-                    # layer, then the OS and room for a second revision's changed files.
-                    "disk": {"size_gib": 640},
+                    # The OS, SGLang's venv and caches: the model is the node's (`model`), read via virtiofs.
+                    "disk": {"size_gib": 128},
                     # Downloaded by the node; a wrong checksum stops the run before the VM is made, naming
                     # both sums: replace the zeros with the image's SHA512.
                     "image": {"url": DEBIAN_12_IMAGE, "checksum": "0" * 128, "checksum_algorithm": "sha512"},
@@ -76,6 +75,17 @@ pve_nodes = exit_on_invalid(
                     # refused; "adopt": True takes it over (e.g. your i440FX VM to convert), writing the mark.
                     # "adopt": True,
                 },
+                # The model's one store on the node, for every profile (README, "The model"): fetched from
+                # Hugging Face by the node, resumed after a cut and verified file by file; the VM reads it
+                # through virtiofs, the container through a read-only bind mount, bare metal at its path.
+                # ~429 GB of GLM-5-NVFP4 with its MTP layer: the free space is checked before the first
+                # byte; set "store" to a directory on a file system that holds it (Proxmox's root volume is
+                # often smaller). Pin "revision" to a commit to serve the same weights everywhere; a gated
+                # repository needs "token_file": "/root/hf-token" (root's 0600 file on the node).
+                "model": {
+                    "source": {"repo": "festr2/GLM-5-NVFP4-MTP"},
+                    # "store": "/tank/models/GLM-5-NVFP4-MTP",  # default /var/lib/pvegpu/models/<name>
+                },
                 # Declared here so that switching back from the `lxc` profile stops it; add
                 # "ssh_public_keys": ["ssh-ed25519 AAAA... you@desk"] so pyinfra can reach it (lxc_guests).
                 "lxc": {"vmid": 200, "ostemplate": "local:vztmpl/debian-12-standard_12.7-1_amd64.tar.zst"},
@@ -84,14 +94,12 @@ pve_nodes = exit_on_invalid(
     ]
 )
 
-# What the VM's guest serves (inventory/baremetal.py and inventory/lxc.py serve it elsewhere), fetched from
-# Hugging Face by the serving host itself, resumed after a cut and verified file by file (README, "The
-# model"). Pin "model_revision" to a commit to serve the same weights everywhere; a gated repository needs
-# "hf_token_file": "/root/hf-token" (root's 0600 file on the serving host).
+# What the VM's guest serves (inventory/baremetal.py and inventory/lxc.py serve it elsewhere): the node's
+# `model`, mounted read-only at "model_path" in the guest (the container and bare metal read it at the
+# store's path).
 SERVING = {
     "sglang": {
         "model_path": "/srv/models/GLM-5-NVFP4-MTP",
-        "model_repo": "festr2/GLM-5-NVFP4-MTP",
         "served_model_name": "glm-5",
     }
 }

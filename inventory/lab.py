@@ -4,9 +4,10 @@ made the VM from the lab's stand-in Debian cloud image, reached at its static ad
 host keys pvegpu generated), plus any other guest host the lab identifies itself (an installed VM, a test's
 own `python -m lab.guest_payload NAME`), and every container host a Proxmox lab node started for a CT
 (lab.pve.container) in group `lxc_guests`; guests of both kinds get `driver` and `sglang` data pointing at
-their local stand-in sources (lab/guest_payload.py), a container's `node.profile` is `lxc`. A node's VM guest
-fetches its model (`sglang.model_repo`) from the stand-in hub the node's lab hypervisor serves it
-(lab/hub.py); the others serve the stand-in checkpoint the lab put on them.
+their local stand-in sources (lab/guest_payload.py), a container's `node.profile` is `lxc`. Each Proxmox
+node keeps the model's one store (`model`), fetched from the stand-in hub its lab hypervisor serves it
+(lab/hub.py); its VM guest, its container and the node itself on `baremetal` serve from that store, as
+inventory.py's hosts do; other guests serve the stand-in checkpoint the lab put on them.
 
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
@@ -39,6 +40,7 @@ from lab.hosts import SYSFS_ROOT, LabHost, known_hosts_path, list_hosts
 from lab.pve import api_setup
 from lab.pve import node as pve_node
 from pvegpu.inventory.guests import exit_on_invalid_guests, guests_of
+from pvegpu.inventory.profiles import node_model_sglang
 from pvegpu.inventory.validate import exit_on_invalid
 
 
@@ -152,12 +154,26 @@ CONTAINER: dict[str, Any] = {
 PROFILE = os.environ.get("PVEGPU_PROFILE", "vm")
 
 
+def _model(node: LabHost) -> dict[str, Any]:
+    """The node's model store (`model`): fetched from the stand-in hub its lab hypervisor serves it at its
+    own gateway (lab/hub.py), as a real node fetches it from Hugging Face, into the default store."""
+    source = {"repo": hub.REPO, "endpoint": hub.node_endpoint(node), "token_file": hub.TOKEN_FILE}
+    return {"source": source, "pip_args": GUEST_DATA["sglang"]["pip_args"]}
+
+
+def _serving(node: LabHost, profile: str) -> dict[str, Any]:
+    """A serving host's `sglang` on `profile`: the node's store, as inventory.py's hosts get it."""
+    sglang, problems = node_model_sglang(GUEST_DATA["sglang"], _model(node), profile)
+    assert not problems, problems
+    return sglang
+
+
 def _pve(host: LabHost) -> dict[str, Any]:
     if pve_node.role_of(host) != "pve":
         return {}
-    serving = {"sglang": GUEST_DATA["sglang"]} if PROFILE == "baremetal" else {}
+    serving = {"sglang": _serving(host, "baremetal")} if PROFILE == "baremetal" else {}
     container = {"lxc": CONTAINER} if PROFILE == "lxc" else {}
-    return {**PVE_DATA, "pve": _pve_api(host), "vm": _vm(host), **serving, **container}
+    return {**PVE_DATA, "pve": _pve_api(host), "vm": _vm(host), "model": _model(host), **serving, **container}
 
 
 pve_nodes = exit_on_invalid(
@@ -174,26 +190,13 @@ baremetal_hosts = exit_on_invalid_guests([(name, data) for name, data in pve_nod
 _by_name = {host.name: host for host in _hosts}
 
 
-def _fetching(node: LabHost) -> dict[str, Any]:
-    """A node's VM guest fetches the model from the stand-in hub its lab hypervisor serves at the guest's
-    gateway (lab/hub.py), as a real guest fetches it from Hugging Face (`sglang.model_repo`)."""
-    gateway = f"10.200.{node.index + 100}.1"  # the guest's `ipconfig` (_vm)
-    fetch = {"model_repo": hub.REPO, "hf_endpoint": hub.endpoint(gateway), "hf_token_file": hub.TOKEN_FILE}
-    return {**GUEST_DATA, "sglang": {**GUEST_DATA["sglang"], "model_path": FETCHED_MODEL, **fetch}}
-
-
-FETCHED_MODEL = "/srv/models/GLM-5-NVFP4-MTP"
+# Where a node's VM guest mounts the node's store (guests_of: `sglang.model_share` virtiofs), as inventory.py.
+SHARED_MODEL = "/srv/models/GLM-5-NVFP4-MTP"
+_SHARED = {**GUEST_DATA, "sglang": {**GUEST_DATA["sglang"], "model_path": SHARED_MODEL}}
 vm_guests = (
     [
-        # A cloud-init guest runs under systemd-nspawn: its fake sysfs is where lab.hosts puts it then. One
-        # call per node: each guest reaches its own hub.
-        *(
-            guest
-            for entry in pve_nodes
-            for guest in guests_of(
-                [entry], {**_fetching(_by_name[entry[0]]), "node": {"sysfs_root": SYSFS_ROOT["nspawn"]}}
-            )
-        ),
+        # A cloud-init guest runs under systemd-nspawn: its fake sysfs is where lab.hosts puts it then.
+        *guests_of(pve_nodes, {**_SHARED, "node": {"sysfs_root": SYSFS_ROOT["nspawn"]}}),
         *exit_on_invalid_guests(
             [
                 (host.name, {"node": _node(host), **GUEST_DATA, **_ssh(host)})
@@ -207,7 +210,15 @@ vm_guests = (
 )
 lxc_guests = exit_on_invalid_guests(
     [
-        (host.name, {"node": _node(host, "lxc"), **GUEST_DATA, **_ssh(host)})
+        (
+            host.name,
+            {
+                "node": _node(host, "lxc"),
+                **GUEST_DATA,
+                "sglang": _serving(_by_name[(pve_node.container_ct(host) or {})["node"]], "lxc"),
+                **_ssh(host),
+            },
+        )
         for host in _hosts
         if _is_container(host) and PROFILE == "lxc"
     ]

@@ -32,7 +32,7 @@ pve_nodes = exit_on_invalid(
 # inventory.py's hosts (root, host key checked strictly), the node's GPUs and driver (its userspace must be
 # the host module's version), the guest's SGLang.
 def _container(node_data: dict[str, Any]) -> dict[str, Any]:
-    shared = {key: value for key, value in node_data.items() if key in ("node", "driver")}
+    shared = {key: value for key, value in node_data.items() if key in ("node", "driver", "model")}
     return {**serving(shared, _guest, "lxc"), **_base["SSH"]}
 
 

@@ -3,6 +3,11 @@ files are the lab's stand-in checkpoint (lab/guest_payload.py: config.json, the 
 weight shards (deterministic bytes, LFS files with their sha256), on the lab side of a host's veth
 (10.200.<index>.1:`PORT`, which only that host reaches), so the host fetches over its network as from the
 real hub.
+
+A Proxmox lab node's hypervisor (lab/pve/hypervisor.py) `provide`s one to the node itself while it runs (the
+model fetched on the node: `node_endpoint`) and one to each VM guest it boots while the guest runs (the
+guest reaches it at its own gateway: `endpoint`). `provide` writes the token file (`TOKEN_FILE`, root's, mode
+0600) into the host's root and `<host state>/hub.json` (`{"repo", "token_file", "url"}`).
 """
 
 from __future__ import annotations
@@ -91,8 +96,8 @@ RECORD = "hub.json"
 
 
 def provide(host: hosts.LabHost) -> Hub:
-    """A hub for `host` (a VM guest the lab hypervisor boots): served at its gateway, the token file written
-    into it, and `<state>/hub.json` saying where (the lab inventory reads it)."""
+    """A hub for `host` (a Proxmox lab node, or a VM guest the lab hypervisor boots): served at its gateway,
+    the token file written into it, and `<state>/hub.json` saying where (the lab inventory reads it)."""
     token = host.root / TOKEN_FILE.lstrip("/")
     token.parent.mkdir(parents=True, exist_ok=True)
     token.write_text(TOKEN + "\n")
@@ -106,3 +111,9 @@ def provide(host: hosts.LabHost) -> Hub:
 def endpoint(gateway: str) -> str:
     """The hub's address as the host whose gateway is `gateway` reaches it."""
     return f"http://{gateway}:{PORT}"
+
+
+def node_endpoint(node: hosts.LabHost) -> str:
+    """The hub's address as Proxmox lab node `node` reaches the hub its lab hypervisor serves it: the
+    node's own gateway."""
+    return endpoint(f"10.200.{node.index}.1")

@@ -12,6 +12,10 @@ the SSH host key pvegpu gave it before the run goes on. A running VM's changes t
 until its next cold start are applied by a cold restart when `pve_host.allow_reboot` allows it, else
 reported with the command (pvegpu/operations/vm.py `vm_pending`). Last, GPU peer-to-peer in the VM as
 `vm.p2p` says (the clique parts of `args`, the probe through the guest agent: pvegpu/operations/p2p.py).
+With `model` data the VM gets the node's model store as `virtiofs0: pvegpu-models`, the cluster directory
+mapping `pvegpu-models` mapping this node to the store (pvegpu/plan/model_share.py,
+pvegpu/operations/mapping_dir.py); on a qemu-server without virtiofs (before 8.3.11) neither, and the run
+says so.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from pvegpu.operations.cloud_image import cloud_image, disk_grown, storages_offe
 from pvegpu.operations.convert import q35_conversion
 from pvegpu.operations.guest_known import GuestIdentity, guest_known, wait_until_answering
 from pvegpu.operations.hook import self_heal
+from pvegpu.operations.mapping_dir import model_share_mapping, refuse_foreign_share
 from pvegpu.operations.p2p import p2p_clique
 from pvegpu.operations.pve_guest import VM, Guest, Ownership, guest_running, refuse_foreign
 from pvegpu.operations.vm import q35_vm, vm_pending
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.vm import VmPlan
+from pvegpu.pve.client import PveClient
 from pvegpu.pve.host_client import pve_client
 from pvegpu.run.plan import guest_venv, plan_of, unbound_now
 from pvegpu.run.vm import create_ledger
@@ -48,9 +54,18 @@ def q35_vm_role() -> None:
     ownership = Ownership(plan.owner, spec.adopt, "vm.adopt")
     guest = Guest(VM, api, node.name, spec.vmid)  # the one value every operation below acts on
     refuse_foreign(guest, ownership)  # before anything of the run is written
+    _model_share(vm, api, node.name, plan.owner)
     storages_offer(api, vm.storages)
     identity = None if spec.image is None else cloud_image(guest, spec, timeout_s)
     self_heal(api, node, spec, ownership.owner)  # the hookscript exists before the VM's config names it
+    if vm.share is not None:  # before the VM's start, which needs this node's line (its virtiofs0)
+        model_share_mapping(
+            name="Map the model store for the VM (directory mapping)",
+            api=api,
+            share=vm.share,
+            node=node.name,
+            owner=plan.owner,
+        )
     configs = _config(vm, guest, ownership, timeout_s)
     guest_running(
         name="Start the VM and wait until it runs",
@@ -90,6 +105,16 @@ def _vm_plan(plan: NodePlan) -> VmPlan:
     if plan.mmio is not None:
         logger.info(f"{host.print_prefix}VM {vm.spec.vmid}: {plan.mmio.guest}")
     return vm
+
+
+def _model_share(vm: VmPlan, api: PveClient, node: str, owner: str) -> None:
+    """With `model` data: a directory mapping `pvegpu-models` pvegpu did not make is refused before anything
+    of the run is written; on a qemu-server without virtiofs the run says so (the guest fetches the
+    model)."""
+    if vm.share is not None:
+        refuse_foreign_share(api, vm.share, node, owner)
+    elif vm.share_note is not None:
+        logger.info(f"{host.print_prefix}{vm.share_note}")
 
 
 def _config(vm: VmPlan, guest: Guest, ownership: Ownership, timeout_s: float) -> tuple[OperationMeta, ...]:

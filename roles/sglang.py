@@ -15,6 +15,8 @@ service keeps running). The keys reach SGLang through systemd credentials and a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta
@@ -22,19 +24,29 @@ from pyinfra.context import host
 from pyinfra.operations import systemd
 from pyinfra.operations.util import any_changed
 
-from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT, FETCH_UNIT_FILE
+from pvegpu.models.model import SHARE_ID
+from pvegpu.models.model_store import (
+    FETCH_CONFIG,
+    FETCH_SCRIPT,
+    FETCH_UNIT,
+    FETCH_UNIT_FILE,
+    ModelRecord,
+    StoreFile,
+)
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.models.sglang_options import SGLANG_VERSION
 from pvegpu.operations.from_state import directory, file_content, packages, service, system_group, system_user
-from pvegpu.operations.model_fetch import fetcher_source, model_fetch
+from pvegpu.operations.model_fetch import fetch_unit, fetcher_source, model_fetch
 from pvegpu.operations.nccl_topo import nccl_topo_file
 from pvegpu.operations.render import render
 from pvegpu.operations.sglang import sglang_ready, sglang_venv
+from pvegpu.plan.model_fetch import ModelFetch
+from pvegpu.plan.model_mount import SYSTEMD_UNITS
 from pvegpu.plan.nccl import Profile
-from pvegpu.plan.serving import ModelFetch, ServingPlan
+from pvegpu.plan.serving import ServingPlan
 from pvegpu.plan.sglang import RUNTIME_DIRECTORY, SECRETS_CONFIG
 from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE
-from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, sglang_home
+from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, model_read, sglang_home
 from pvegpu.run.plan import plan_failures, plan_of
 from pvegpu.run.serving import serving_plan_of
 
@@ -49,11 +61,12 @@ def sglang() -> None:
         serving = serving_plan_of(host)
     for note in serving.recipe.notes:
         logger.info(f"{host.print_prefix}{note}")
-    venv = _installed(spec)
+    venv = _installed(spec, model_directory=serving.model_directory)
+    mounted = [] if serving.store_mount is None else [_mounted_store(spec, serving.store_mount)]
     if serving.model_fetch is not None:
-        _model(spec, serving.model_fetch)
+        _model(serving.model_fetch, *model_read(host, spec.model_path))
     unit, written = _service_files(profile, spec, serving)
-    changes = [*written, venv]
+    changes = [*written, venv, *mounted]
     systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
     # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
     # finds it running: one start on a first run, one restart after a change, none otherwise.
@@ -73,9 +86,9 @@ def sglang() -> None:
     )
 
 
-def _installed(spec: SglangSpec) -> OperationMeta:
+def _installed(spec: SglangSpec, *, model_directory: bool) -> OperationMeta:
     """The system user and group, the venv with the pinned SGLang (returned: its install restarts the
-    service), the model directory and pvegpu's directories."""
+    service), the model directory (unless the node's store is mounted there) and pvegpu's directories."""
     system_group(name="Add the SGLang system group", group=spec.user)
     system_user(
         name="Add the SGLang system user",
@@ -91,7 +104,8 @@ def _installed(spec: SglangSpec) -> OperationMeta:
         version=SGLANG_VERSION,
         pip_args=spec.pip_args,
     )
-    directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
+    if model_directory:
+        directory(name="Create the model directory", path=spec.model_path, user=spec.user, group=spec.user)
     directory(name=f"Create {PVEGPU_ETC}", path=PVEGPU_ETC, mode="755")
     directory(name=f"Create {PVEGPU_LIB}", path=PVEGPU_LIB, mode="755")
     return venv
@@ -149,27 +163,31 @@ def _unit(spec: SglangSpec, serving: ServingPlan) -> OperationMeta:
             runtime_directory=RUNTIME_DIRECTORY,
             exec_start_pre=serving.exec_start_pre,
             exec_start=serving.exec_start,
+            store_mount=serving.store_mount,
         ),
         path=UNIT_FILE,
         mode="644",
     )
 
 
-def _model(spec: SglangSpec, fetch: ModelFetch) -> None:
-    """`model_repo` fetched into `model_path` and verified by `pvegpu-model-fetch.service`."""
+def _mounted_store(spec: SglangSpec, name: str) -> OperationMeta:
+    """The node's model store (the directory mapping `SHARE_ID`'s virtiofs) mounted read-only at
+    `model_path` by the systemd mount unit `name`, at boot and now; returned: the unit's write (a new store
+    under SGLang restarts it)."""
+    unit = file_content(
+        name=f"Write {name} (the node's model store, read-only)",
+        content=render("model/model-store.mount.j2", tag=SHARE_ID, where=spec.model_path),
+        path=f"{SYSTEMD_UNITS}/{name}",
+    )
+    systemd.daemon_reload(name=f"Reload systemd's units ({name})", _if=any_changed(unit))
+    service(name="Mount the node's model store", service=name, running=True, enabled=True)
+    return unit
+
+
+def _model(fetch: ModelFetch, record: ModelRecord | None, files: Mapping[str, StoreFile] | None) -> None:
+    """This host's own fetch (`model_repo` into `model_path`), verified by `pvegpu-model-fetch.service`."""
     file_content(name="Upload pvegpu's model fetcher", content=fetcher_source(), path=FETCH_SCRIPT)
     file_content(name="Write the model fetch's settings", content=fetch.config, path=FETCH_CONFIG)
-    unit = file_content(
-        name=f"Write {FETCH_UNIT}",
-        content=render(
-            "model/pvegpu-model-fetch.service.j2",
-            repo=spec.model_repo,
-            model_path=spec.model_path,
-            user=spec.user,
-            token_file=spec.hf_token_file,
-            exec_start=fetch.exec_start,
-        ),
-        path=FETCH_UNIT_FILE,
-    )
+    unit = file_content(name=f"Write {FETCH_UNIT}", content=fetch_unit(fetch, "sglang"), path=FETCH_UNIT_FILE)
     systemd.daemon_reload(name=f"Reload systemd's units ({FETCH_UNIT})", _if=any_changed(unit))
-    model_fetch(name=f"Fetch and verify {spec.model_repo}", spec=spec)
+    model_fetch(name=f"Fetch and verify {fetch.target.repo}", target=fetch.target, record=record, files=files)

@@ -2,10 +2,11 @@
 profile owns and why the order is so).
 
 `node_site` (Proxmox nodes): the old profile's guests let go of the GPUs and the host driver's boot units go
-before the host rebinds the GPUs; the host; then `vm`: the PCI mappings and the VM; `lxc` / `baremetal`: the
-host driver and, on `lxc`, the container — unless the GPUs stay on vfio-pci until a reboot that is not
-allowed, which the run then says. `serving` (serving hosts): the driver where the host needs one, then SGLang.
-Each ends with the node exporter and the host's gauges (roles/node_exporter.py), as the run leaves them.
+before the host rebinds the GPUs; the host; the model's store (`model`, every profile); then `vm`: the PCI
+mappings and the VM; `lxc` / `baremetal`: the host driver and, on `lxc`, the container — unless the GPUs stay
+on vfio-pci until a reboot that is not allowed, which the run then says. `serving` (serving hosts): the driver
+where the host needs one, then SGLang. Each ends with the node exporter and the host's gauges
+(roles/node_exporter.py), as the run leaves them.
 
 The one module in roles/ that imports roles (pyproject's import contract exempts it alone): the table of
 contents of deploy/site.py and deploy/guest.py, whose steps follow the plan, which an entry point (no logic)
@@ -24,6 +25,7 @@ from pvegpu.run.read_ahead import read_vm_resources_ahead
 from roles.guest_parked import guest_parked_role
 from roles.host_driver import host_driver_parked_role
 from roles.lxc_gpu import lxc_gpu
+from roles.model_store import model_store
 from roles.node_exporter import node_exporter
 from roles.nvidia_driver import nvidia_driver
 from roles.pci_mapping import pci_mapping
@@ -45,6 +47,7 @@ def node_site() -> None:
     if steps.park_host_driver:
         host_driver_parked_role()
     pve_host()
+    model_store()  # before the guest that reads it: the VM's virtiofs and the container's mp0 need it there
     if steps.vm:
         pci_mapping()
         q35_vm_role()

@@ -48,8 +48,10 @@ for the `.answer` beside it. This process runs on the lab machine (started with 
 Failures answer `{"ok": false, "error": "<message>"}`: a start task fails with `start failed: <message>`.
 Guests and container hosts are the node's dependents: `lab down NODE` stops them.
 
-Before it answers requests, the hypervisor serves the lab's images to the node (lab.images); it closes its
-guests' hubs when it exits.
+Before it answers requests, the hypervisor serves the node itself a stand-in Hugging Face hub (lab.hub
+`provide`: `/root/hf-token` in the node's root, `<node state>/hub.json`, served at the node's gateway
+10.200.<index>.1:8091, lab.hub `node_endpoint`: the model fetched into the node's store), then the lab's
+images (lab.images); it closes the hubs (the node's and its guests') when it exits.
 
     python -m lab.pve.hypervisor NODE STATE_DIR [--guest-mode nspawn|netns]
 """
@@ -211,9 +213,12 @@ def handle_container(node: str, request: dict[str, Any], guest_mode: hosts.Mode)
 
 
 def serve(node: str, state: Path, guest_mode: hosts.Mode) -> None:
-    """Serve the lab's images to the node (lab.images), then answer requests until the node's state directory
-    is gone; the guests' hubs close when this ends."""
-    images.serve(hosts.get_host(node))
+    """Serve the node its stand-in hub (lab.hub, at its gateway: the model fetched into the node's store) and
+    the lab's images (lab.images), then answer requests until the node's state directory is gone; the hubs
+    (the node's, its guests') close when this ends."""
+    node_host = hosts.get_host(node)
+    _HUBS[node] = hub.provide(node_host)  # before the images: lab.pve.node.up waits for those
+    images.serve(node_host)
     folder = state / "merged" / HV_DIR
     try:
         while state.is_dir():

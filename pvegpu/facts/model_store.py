@@ -143,20 +143,35 @@ def _json(text: str | None) -> Any:
         return None
 
 
-class ModelStoreRead(FactBase[tuple[ModelRecord | None, Mapping[str, StoreFile] | None]]):
+StoreRead = tuple[ModelRecord | None, Mapping[str, StoreFile] | None]
+
+
+def store_read_command(model_path: str) -> str:
+    """The record's base64 (an empty line without one), then `store_command`'s lines."""
+    record = shlex.quote(record_path(model_path))
+    return f"if [ -f {record} ]; then base64 -w0 < {record}; fi; echo; {store_command(model_path)}"
+
+
+def parse_store_read(output: Sequence[str]) -> StoreRead:
+    """`store_read_command`'s lines -> (the record, the directory's files); FactParseError for a record that
+    is not base64."""
+    encoded, files = (output[0] if output else ""), output[1:]
+    try:
+        text = b64decode(encoded, validate=True).decode() if encoded else None
+    except (binascii.Error, UnicodeDecodeError):
+        raise FactParseError(f"model store: the record is not base64: {encoded[:40]!r}") from None
+    return parse_model_record(text), parse_store(files)
+
+
+class ModelStoreRead(FactBase[StoreRead]):
     """The fetcher's record and the model directory's file list in one command, for the doctor (a run
-    reads both in the host's one state read): `host.get_fact(ModelStoreRead, model_path=...)`."""
+    reads both in the host's one state read; a node's model store, in the node's read):
+    `host.get_fact(ModelStoreRead, model_path=...)`."""
 
     @override
     def command(self, model_path: str) -> str:
-        record = shlex.quote(record_path(model_path))
-        return f"if [ -f {record} ]; then base64 -w0 < {record}; fi; echo; {store_command(model_path)}"
+        return store_read_command(model_path)
 
     @override
-    def process(self, output: list[str]) -> tuple[ModelRecord | None, Mapping[str, StoreFile] | None]:
-        encoded, files = (output[0] if output else ""), output[1:]
-        try:
-            text = b64decode(encoded, validate=True).decode() if encoded else None
-        except (binascii.Error, UnicodeDecodeError):
-            raise FactParseError(f"model store: the record is not base64: {encoded[:40]!r}") from None
-        return parse_model_record(text), parse_store(files)
+    def process(self, output: list[str]) -> StoreRead:
+        return parse_store_read(output)

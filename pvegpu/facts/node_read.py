@@ -25,7 +25,10 @@ The parts, in order, each opened by a line `#pvegpu-node:<part>` and parsed by t
   /proc/<pid>/cmdline and the state letter of its /proc/<pid>/stat; `-` for what is not there. What
   qemu-server's `check_running` reads: pvegpu/facts/pve_files.py `qemu_running` decides as it does;
 - `exporter`, only when the request names pvegpu's textfiles: the node exporter's package, unit and those
-  files' sha256 (pvegpu/facts/exporter_read.py), what roles/node_exporter.py decides from.
+  files' sha256 (pvegpu/facts/exporter_read.py), what roles/node_exporter.py decides from;
+- `model`, only when the request names the node's model store (`model`): the fetcher's record and the
+  store's file list (pvegpu/facts/model_store.py `store_read_command`), whether the model is complete as
+  verified.
 
 A part whose command fails (a sysfs root that is not a directory, a missing command line file) fails the whole
 read with that command's message, as its own fact did.
@@ -49,6 +52,7 @@ from pvegpu.facts.errors import FactParseError, fact_errors
 from pvegpu.facts.exporter_read import exporter_command, parse_exporter
 from pvegpu.facts.hardware import hardware_command, parse_hardware
 from pvegpu.facts.host_driver import HostDriverFiles, parse_host_driver
+from pvegpu.facts.model_store import StoreRead, parse_store_read, store_read_command
 from pvegpu.facts.node_boot import node_boot_command, parse_node_boot
 from pvegpu.facts.parsing import PACK, unpacked
 from pvegpu.facts.pvegpu_boot import BootFiles
@@ -58,8 +62,8 @@ from pvegpu.models.hardware import HostHardware
 from pvegpu.models.host_driver import HostDriverState
 from pvegpu.models.pve import QEMU_RUN_DIR, QemuProcess
 
-PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "qemu", "exporter", "end")
-OPTIONAL_PARTS = ("pve", "qemu", "exporter")  # printed only when requested
+PARTS = ("hardware", "cpu", "boot", "driver", "cmdline", "sha256", "pve", "qemu", "exporter", "model", "end")
+OPTIONAL_PARTS = ("pve", "qemu", "exporter", "model")  # printed only when requested
 PART_MARKER = "#pvegpu-node:"
 STORAGE_CFG = "/etc/pve/storage.cfg"
 DEFAULT_STORAGE_DIR = "/var/lib/vz"
@@ -87,6 +91,7 @@ class NodeStateRequest:
     image_files: tuple[tuple[str, str], ...] = ()
     image_unless: str | None = None
     exporter_files: tuple[str, ...] = ()  # pvegpu's textfiles: with them, the `exporter` part
+    model_store: str | None = None  # the node's model store (`model`): with it, the `model` part
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class NodeState:
     image_algorithms: Mapping[str, str] = field(default_factory=dict)  # path -> algorithm it was hashed with
     image_digests: Mapping[str, str] = field(default_factory=dict)
     exporter: ExporterState | None = None  # None: not requested
+    model: StoreRead | None = None  # None: not requested
 
     def image_digest(self, path: str, algorithm: str) -> str | None:
         """The `algorithm` digest of the image file at `path` (None: no such file). KeyError when the read did
@@ -152,6 +158,7 @@ def node_read_command(request: NodeStateRequest) -> str:
             if request.exporter_files
             else {}
         ),
+        **({"model": store_read_command(request.model_store)} if request.model_store is not None else {}),
     }
     lines = [
         f"echo {shlex.quote(PART_MARKER + name)}\n( {script}\n) || exit $?" for name, script in parts.items()
@@ -229,6 +236,7 @@ def parse_node_state(lines: Sequence[str]) -> NodeState:
         image_algorithms=images[0],
         image_digests=images[1],
         exporter=_parse_exporter(parts.get("exporter")),
+        model=None if "model" not in parts else parse_store_read(parts["model"]),
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
+from pvegpu.inventory.profiles import node_model_sglang
 from pvegpu.inventory.validate import KNOWN_HOSTS_KEY, H, HostEntry, exit_on_invalid
 from pvegpu.local.guest_keys import (
     GuestKeyError,
@@ -30,6 +31,7 @@ from pvegpu.local.guest_keys import (
     recorded_address,
 )
 from pvegpu.models.driver import DRIVER_KEY, DriverSpec
+from pvegpu.models.model import MODEL_KEY
 from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
@@ -98,6 +100,8 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
     pvegpu (named after the VM) that differ from those at the guest's place (`adopt_name_keyed_files`, which
     moves them there otherwise).
     `data["node"]` adds keys to the guest's `node` (not its name, profile or GPUs, which are the VM's).
+    A node with `model` gives its guest's `sglang` the store (pvegpu.inventory.profiles `node_model_sglang`:
+    mounted through virtiofs at `sglang.model_path`); `data["sglang"]` must not set what that sets.
     """
     extra = dict(data or {})
     node_extra = dict(cast(Mapping[str, object], extra.pop(NODE_KEY, None) or {}))
@@ -134,8 +138,16 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
             problems.append(f"{node_host}: {VM_KEY}: {error}")
             continue
         if address is not None:
-            guest = _guest_data(node_data, vm, place, address, node_extra)
-            guests.append((vm.name, {**guest, GUEST_OF_KEY: node_host, **extra}))
+            guest = {
+                **_guest_data(node_data, vm, place, address, node_extra),
+                GUEST_OF_KEY: node_host,
+                **extra,
+            }
+            if node_data.get(MODEL_KEY) is not None:
+                sglang = cast(Mapping[str, object], extra.get(SGLANG_KEY) or {})
+                guest[SGLANG_KEY], model_problems = node_model_sglang(sglang, node_data[MODEL_KEY], "vm")
+                problems += [f"{node_host}: guests_of: {problem}" for problem in model_problems]
+            guests.append((vm.name, guest))
     if problems:
         for line in problems:
             print(line, file=sys.stderr)

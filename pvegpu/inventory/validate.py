@@ -28,6 +28,7 @@ from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.host_keys import host_key_warnings
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
 from pvegpu.models.mapping import MAPPING_KEY, MappingSpec
+from pvegpu.models.model import MODEL_KEY, ModelSpec
 from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.root_only_features import root_only_problems
@@ -50,6 +51,7 @@ ROLE_SPECS: dict[str, type[BaseModel]] = {
     PVE_KEY: PveApiSpec,
     LXC_KEY: LxcSpec,
     MAPPING_KEY: MappingSpec,
+    MODEL_KEY: ModelSpec,
 }
 
 # How alike (difflib ratio) a host data key and a role key must be to be taken for a misspelling of it:
@@ -153,7 +155,7 @@ def _root_path_problems(data: Mapping[Any, object], validated: Mapping[str, Base
     """A feature that writes a key only root@pam may set, on an API token without a root path to the node
     (pvegpu.models.root_only_features)."""
     node, vm, lxc = validated.get(NODE_KEY), validated.get(VM_KEY), validated.get(LXC_KEY)
-    pve = validated.get(PVE_KEY, PveApiSpec())
+    pve, model = validated.get(PVE_KEY, PveApiSpec()), validated.get(MODEL_KEY)
     if not isinstance(node, NodeSpec) or not isinstance(pve, PveApiSpec) or PVE_KEY not in data:
         return []
     return root_only_problems(
@@ -162,6 +164,7 @@ def _root_path_problems(data: Mapping[Any, object], validated: Mapping[str, Base
         lxc if isinstance(lxc, LxcSpec) else None,
         pve,
         data.get("ssh_user"),
+        model=model if isinstance(model, ModelSpec) else None,
     )
 
 

@@ -19,6 +19,21 @@ STATUS = ".pvegpu/status.json"
 
 
 @dataclass(frozen=True)
+class FetchTarget:
+    """What `pvegpu-model-fetch.service` fetches and where: `repo`@`revision` from `endpoint` (None: the
+    hub's default) into `path`, as `user`, with the token in `token_file` (None: none); `pip_args` for the
+    hub venv. A serving host's own (`sglang.model_repo`) or the node's store (`model`)."""
+
+    repo: str
+    revision: str | None
+    endpoint: str | None
+    token_file: str | None
+    path: str
+    user: str
+    pip_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class StoreFile:
     """A file of the model directory as the host shows it (or as the record has it, checked)."""
 

@@ -8,9 +8,11 @@ root@pam may set (`hookscript`, `args`, `hugepages`, `affinity`, `lock`, raw `ho
 
 `path` is the ACL path the check names (qemu-server API2/Qemu.pm, API2/Qemu/Agent.pm; pve-container
 LXC.pm check_ct_modify_config_perm; pve-storage API2/Storage/*.pm, Storage.pm check_volume_access;
-pve-manager API2/Cluster/Mapping/PCI.pm, API2/Tasks.pm, API2/Backup.pm; pve-ha-manager
+pve-manager API2/Cluster/Mapping/PCI.pm and Dir.pm, API2/Tasks.pm, API2/Backup.pm; pve-ha-manager
 API2/HA/Resources.pm; pve-guest-common GuestHelpers.pm check_vnet_access); `{vmid}`, `{storage}`, `{id}`,
-`{node}`, `{bridge}` stand for the object's own id. A privilege checked on two paths is listed once per path.
+`{node}`, `{bridge}`, `{dirid}` stand for the object's own id (`{dirid}`: the model store's directory
+mapping, `pvegpu-models`, on a `vm` node with `model` data). A privilege checked on two paths is listed
+once per path.
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ PVE_PRIVILEGES: tuple[PvePrivilege, ...] = (
         "VM.Config.HWType", "/vms/{vmid}", "set machine, vga, scsihw, serial0 and mapped hostpciN devices"
     ),
     PvePrivilege("VM.Config.Options", "/vms/{vmid}", "set name, ostype, bios, agent, onboot, description"),
-    PvePrivilege("VM.Config.Disk", "/vms/{vmid}", "set the boot disk, efidisk0, boot order; resize the disk"),
+    PvePrivilege(
+        "VM.Config.Disk",
+        "/vms/{vmid}",
+        "set the boot disk, efidisk0, boot order, virtiofs0 and a container's mpN; resize the disk",
+    ),
     PvePrivilege("VM.Config.Network", "/vms/{vmid}", "set net0 and a container's hostname"),
     PvePrivilege("VM.Config.Cloudinit", "/vms/{vmid}", "set ciuser, sshkeys, ipconfig0 and cicustom"),
     PvePrivilege("VM.PowerMgmt", "/vms/{vmid}", "start, stop and shut down guests"),
@@ -73,6 +79,12 @@ PVE_PRIVILEGES: tuple[PvePrivilege, ...] = (
     PvePrivilege("Mapping.Audit", "/mapping/pci/{id}", "read the cluster's PCI mappings"),
     PvePrivilege("Mapping.Modify", "/mapping/pci/{id}", "create, update and delete the GPUs' PCI mappings"),
     PvePrivilege("Mapping.Use", "/mapping/pci/{id}", "pass a mapped GPU to a VM (hostpciN mapping=)"),
+    PvePrivilege(
+        "Mapping.Modify",
+        "/mapping/dir/{dirid}",
+        "create (checked on /mapping/dir) and update the model store's directory mapping",
+    ),
+    PvePrivilege("Mapping.Use", "/mapping/dir/{dirid}", "give the VM the model store (virtiofs0)"),
     PvePrivilege("SDN.Use", "/sdn/zones/localnetwork/{bridge}", "attach a guest's net0 to its bridge"),
     PvePrivilege(
         "Sys.Audit",

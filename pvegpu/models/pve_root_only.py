@@ -14,7 +14,9 @@ named in `delete` alike:
   `check_usb_perm` (a `host=` other than `spice`), serial ports other than `socket`.
 - `skiplock` (update, destroy, start, stop): `Only root may use this option.`
 - pve-container `src/PVE/LXC.pm` `check_ct_modify_config_perm`: `devN` (`configuring device passthrough is
-  only allowed for root@pam`), `hookscript`, `features`.
+  only allowed for root@pam`), `hookscript`, `features`; value-dependent: a `rootfs` or `mpN` set to
+  anything but a storage volume (a node directory's bind mount, a `/dev/` device: `mount point type bind is
+  only allowed for root@pam`; deleting one needs VM.Config.Disk only).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ _VM_CALL_PARAMS = frozenset(
 )  # fmt: skip
 # pve-container LXC.pm check_ct_modify_config_perm: only root@pam (features: for pvegpu's purposes always).
 _CT_ROOT_ONLY = re.compile(r"dev[0-9]+|hookscript|features")
+_CT_MOUNT = re.compile(
+    r"rootfs|mp[0-9]+"
+)  # root@pam's when set to a path (LXC/Config.pm classify_mountpoint)
 SKIPLOCK = "skiplock"
 
 _VM_CREATE = re.compile(r"/nodes/[^/]+/qemu")
@@ -83,8 +88,16 @@ def vm_root_only_keys(values: Mapping[str, object], delete: Iterable[str] = ()) 
 
 
 def ct_root_only_keys(values: Mapping[str, object], delete: Iterable[str] = ()) -> tuple[str, ...]:
-    """The container config keys among `values` and `delete` that only root@pam may write, sorted."""
-    return tuple(sorted(key for key in {*values, *delete} if _CT_ROOT_ONLY.fullmatch(key)))
+    """The container config keys among `values` and `delete` that only root@pam may write, sorted: a bind or
+    device mount point (`mpN`/`rootfs` set to a path) among `values` too."""
+    found = {key for key in {*values, *delete} if _CT_ROOT_ONLY.fullmatch(key)}
+    found |= {
+        key
+        for key, value in values.items()
+        if _CT_MOUNT.fullmatch(key)
+        and _property_string(str(value), "volume").get("volume", "").startswith("/")
+    }
+    return tuple(sorted(found))
 
 
 def root_only_params(method: str, path: str, params: Mapping[str, object]) -> tuple[str, ...]:

@@ -15,17 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pvegpu.models.lxc import LxcSpec
+from pvegpu.models.model import ModelSpec
 from pvegpu.models.pve_api import ROOT_PATH_WAY_OUT, PveApiSpec, root_ssh_problem
 from pvegpu.models.vm import VmSpec
 
 
 @dataclass(frozen=True)
 class RootOnlyFeature:
-    """A declared feature (`field`) that writes the root-only `key`; `way_out` turns it off."""
+    """A declared feature (`field`) that writes the root-only `key`; `way_out` turns it off; `allows`: what
+    Proxmox allows to root@pam only, as the line names it."""
 
     field: str
     key: str
     way_out: str
+    allows: str = "it"
 
 
 def vm_root_only_features(vm: VmSpec) -> tuple[RootOnlyFeature, ...]:
@@ -51,15 +54,24 @@ def vm_root_only_features(vm: VmSpec) -> tuple[RootOnlyFeature, ...]:
 # The lxc profile passes the host's NVIDIA device nodes as `devN` entries (pvegpu/plan/lxc.py; pve-container
 # LXC.pm: `configuring device passthrough is only allowed for root@pam`).
 LXC_DEVICES = RootOnlyFeature("node.profile", "devN", "use node.profile vm or baremetal")
+# The lxc profile bind-mounts the node's model store (pvegpu/plan/lxc.py `store_mount`; pve-container LXC.pm:
+# `mount point type bind is only allowed for root@pam`).
+LXC_MODEL = RootOnlyFeature("model", "mp0", "leave `model` unset", allows="bind mounts")
 
 
 def root_only_problems(
-    profile: str, vm: VmSpec | None, lxc: LxcSpec | None, pve: PveApiSpec, host_ssh_user: object
+    profile: str,
+    vm: VmSpec | None,
+    lxc: LxcSpec | None,
+    pve: PveApiSpec,
+    host_ssh_user: object,
+    *,
+    model: ModelSpec | None = None,
 ) -> list[str]:
     """One `<field>: ...` line (module docstring) per feature of the host's profile that needs a root-only
-    key, when there is no root path; empty when there is one, or nothing needs it. A root path over an SSH
-    user that is not root needs `pve.sudo` (`root_ssh_problem`; `host_ssh_user`: the host's pyinfra
-    `ssh_user`, None when unset)."""
+    key, when there is no root path; empty when there is one, or nothing needs it (`model`: the node's model
+    store, a bind mount on the lxc profile). A root path over an SSH user that is not root needs `pve.sudo`
+    (`root_ssh_problem`; `host_ssh_user`: the host's pyinfra `ssh_user`, None when unset)."""
     if pve.root_user is not None:
         problem = root_ssh_problem(pve, host_ssh_user)
         return [] if problem is None else [problem]
@@ -67,9 +79,9 @@ def root_only_problems(
     if profile == "vm" and vm is not None:
         features = vm_root_only_features(vm)
     elif profile == "lxc" and lxc is not None:
-        features = (LXC_DEVICES,)
+        features = (LXC_DEVICES, *((LXC_MODEL,) if model is not None else ()))
     return [
-        f"{feature.field}: the API token {pve.api_user} cannot set '{feature.key}' (Proxmox allows it to "
-        f"root@pam only): {feature.way_out}, or {ROOT_PATH_WAY_OUT}"
+        f"{feature.field}: the API token {pve.api_user} cannot set '{feature.key}' (Proxmox allows "
+        f"{feature.allows} to root@pam only): {feature.way_out}, or {ROOT_PATH_WAY_OUT}"
         for feature in features
     ]

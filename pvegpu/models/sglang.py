@@ -347,7 +347,8 @@ class SglangSpec(BaseModel):
         description=(
             "Hugging Face repository fetched into `model_path` (e.g. `nvidia/GLM-5-NVFP4`) by "
             "`pvegpu-model-fetch.service` on the host: resumed after a cut, every file checked against the "
-            "hub's size and sha256, free space checked first; None: the model is put there by other means."
+            "hub's size and sha256, free space checked first; with `model_share`, the node's store's "
+            "repository (fetched by the node); None: the model is put there by other means."
         ),
     )
     model_revision: str | None = Field(
@@ -371,6 +372,17 @@ class SglangSpec(BaseModel):
         description=(
             "Absolute path, on the serving host, of the Hugging Face token for `model_repo` (same file "
             "rules as `api_key_file`); read on the host through `HF_TOKEN_PATH`, never printed."
+        ),
+    )
+    model_share: Literal["virtiofs", "bind", "local"] | None = Field(
+        default=None,
+        description=(
+            "How this host sees its node's model store (the node's `model`; set by `guests_of` and "
+            "inventory/baremetal.py / lxc.py from it): `virtiofs`, a VM guest mounting the directory mapping "
+            "`pvegpu-models` read-only at `model_path` (a node without virtiofs: fetched here instead); "
+            "`bind`, the container's read-only `mpN` at `model_path`; `local`, bare metal, `model_path` is "
+            "the store. The model is then the node's, `model_repo` and `model_revision` name it, and nothing "
+            "is fetched here. None: `model_repo`, when set, is fetched on this host."
         ),
     )
     start_timeout_s: StrictInt = Field(

@@ -2,7 +2,7 @@
 
 Roles read a host's specs from its plan (pvegpu/plan/node.py), which holds one `HostSpecs`, instead of
 re-validating the host's data at every step. A role key that is absent gets its model's defaults, except
-`vm` and `lxc`, whose absence means "no managed VM / container" (None).
+`vm`, `lxc` and `model`, whose absence means "no managed VM / container / model store" (None).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pvegpu.models.driver import DRIVER_KEY, DriverSpec
 from pvegpu.models.host import HOST_KEY, HostSpec
 from pvegpu.models.lxc import LXC_KEY, LxcSpec
 from pvegpu.models.mapping import MAPPING_KEY, MappingSpec
+from pvegpu.models.model import MODEL_KEY, ModelSpec
 from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.pve_api import PVE_KEY, PveApiSpec
 from pvegpu.models.sglang import SGLANG_KEY, SglangSpec
@@ -34,6 +35,7 @@ class HostSpecs:
     sglang: SglangSpec
     bench: BenchSpec
     mapping: MappingSpec
+    model: ModelSpec | None
 
 
 def host_specs(data: HostDataLike) -> HostSpecs:
@@ -49,4 +51,5 @@ def host_specs(data: HostDataLike) -> HostSpecs:
         sglang=spec_of(data, SGLANG_KEY, SglangSpec),
         bench=spec_of(data, BENCH_KEY, BenchSpec),
         mapping=spec_of(data, MAPPING_KEY, MappingSpec),
+        model=None if data.get(MODEL_KEY, None) is None else spec_of(data, MODEL_KEY, ModelSpec),
     )

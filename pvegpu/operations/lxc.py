@@ -10,7 +10,7 @@ Reads happen while preparing, writes are function commands (API) or shell comman
 from __future__ import annotations
 
 import shlex
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand, StringCommand
@@ -20,7 +20,15 @@ from pyinfra.context import host
 
 from pvegpu.local.create_records import CreateLedger
 from pvegpu.operations.pve_guest import Guest, Ownership, converge
-from pvegpu.plan.lxc import ContainerPlan, diff_container, raw_line_problem, raw_of, version_drift
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.lxc import (
+    ContainerChange,
+    ContainerPlan,
+    diff_container,
+    raw_line_problem,
+    raw_of,
+    version_drift,
+)
 
 LXC_CONF = "/etc/pve/lxc/{vmid}.conf"
 
@@ -36,15 +44,24 @@ def lxc_container(
 ) -> Generator[FunctionCommand, None, None]:
     """Create container `guest` with the plan's `config` + `create` (plan/lxc.py `ContainerPlan`:
     `created_with`) when absent, else PUT the keys that differ and delete the `devN` entries not in `config`
-    (with the read's digest). `ledger`: pvegpu's records of its creates (`converge`). `ownership`: pvegpu's
+    (with the read's digest); the model store's `mpN` as `diff_container` chooses it (an operator's `mpN`
+    kept). `ledger`: pvegpu's records of its creates (`converge`). `ownership`: pvegpu's
     mark (created with it; an existing container without it refused unless `lxc.adopt`)."""
-    config = container.config
+    config, store = container.config, container.store
     devices = sum(1 for key in config if key.startswith("dev"))
+    mounted = "" if store is None else f", the model store {store} read-only"
+
+    def diff(current: Mapping[str, object]) -> ContainerChange:
+        try:
+            return diff_container(config, current, store)
+        except PlanError as error:
+            raise OperationError(f"CT {guest.vmid}: {error}") from None
+
     yield from converge(
         guest,
         create=container.created_with,
-        diff=lambda current: diff_container(config, current),
-        unchanged=f"CT {guest.vmid} on {guest.node} has its config: {devices} device entries",
+        diff=diff,
+        unchanged=f"CT {guest.vmid} on {guest.node} has its config: {devices} device entries{mounted}",
         timeout_s=timeout_s,
         ledger=ledger,
         ownership=ownership,

@@ -1,7 +1,8 @@
-"""The model fetched and verified by `pvegpu-model-fetch.service` (pvegpu/fetch/main.py) on the host.
+"""The model fetched and verified by `pvegpu-model-fetch.service` (pvegpu/fetch/main.py) on the host: a
+serving host's own (`sglang.model_repo`) or the node's store (`model`).
 
-Decided from the host's one state read (the fetcher's record and the model directory's file list,
-`pvegpu.plan.model_fetch.fetch_reason`): complete is a noop. Otherwise the hub venv gets the pinned
+Decided from the host's one state read (the fetcher's record and the model directory's file list, given by
+the role; `pvegpu.plan.model_fetch.fetch_reason`): complete is a noop. Otherwise the hub venv gets the pinned
 huggingface_hub (when it lacks it), the unit is started (or, already running, attached to: a run cut with
 its SSH connection left it going) and the run waits for it, printing a progress line at most every
 `PROGRESS_EVERY_S`, then fails with the fetcher's own line (the free-space refusal) or its journal.
@@ -10,7 +11,7 @@ its SSH connection left it going) and the run waits for it, printing a progress 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 
 from pyinfra import logger
@@ -26,19 +27,19 @@ from pvegpu.facts.model_store import (
     fetch_look_command,
     fetch_start_command,
     parse_fetch_look,
-    parse_model_record,
 )
 from pvegpu.models.model_store import (
     FETCH_UNIT,
     HF_HUB_VERSION,
     HUB_VENV,
     FetchStatus,
-    record_path,
+    FetchTarget,
+    ModelRecord,
+    StoreFile,
 )
-from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.api_command import api_command
-from pvegpu.plan.model_fetch import complete_line, fetch_reason, progress_line, size_text
-from pvegpu.run.host_state import state_of
+from pvegpu.operations.render import render
+from pvegpu.plan.model_fetch import ModelFetch, complete_line, fetch_reason, progress_line, size_text
 
 PROGRESS_EVERY_S = 10.0
 FETCHER = Path(pvegpu.fetch.__file__).with_name("main.py")
@@ -52,6 +53,20 @@ JOURNAL_LINES = 20
 def fetcher_source() -> str:
     """The fetcher as the host gets it: its one file, unchanged."""
     return FETCHER.read_text()
+
+
+def fetch_unit(fetch: ModelFetch, role: str) -> str:
+    """`pvegpu-model-fetch.service` of `fetch`, written by `role`."""
+    target = fetch.target
+    return render(
+        "model/pvegpu-model-fetch.service.j2",
+        role=role,
+        repo=target.repo,
+        model_path=target.path,
+        user=target.user,
+        token_file=target.token_file,
+        exec_start=fetch.exec_start,
+    )
 
 
 def hub_venv_command(pip_args: Sequence[str]) -> StringCommand:
@@ -128,14 +143,15 @@ def _last(status: FetchStatus | None) -> str:
 
 
 @operation()
-def model_fetch(*, spec: SglangSpec) -> Generator[StringCommand | FunctionCommand]:
-    """`spec.model_repo`@`spec.model_revision` complete in `spec.model_path` (module docstring)."""
-    state = state_of(host)
-    record = parse_model_record(state.records.get(record_path(spec.model_path)))
-    reason = fetch_reason(spec, record, state.store)
+def model_fetch(
+    *, target: FetchTarget, record: ModelRecord | None, files: Mapping[str, StoreFile] | None
+) -> Generator[StringCommand | FunctionCommand]:
+    """`target.repo`@`target.revision` complete in `target.path` (module docstring); `record` and `files`:
+    the fetcher's record and the directory's files as the host's state read shows them."""
+    reason = fetch_reason(target, record, files)
     if reason is None and record is not None:
-        host.noop(complete_line(spec, record))
+        host.noop(complete_line(target, record))
         return
     logger.info(f"{host.print_prefix}model: {reason}")
-    yield hub_venv_command(spec.pip_args)
-    yield api_command(wait_for_fetch, spec.model_path)
+    yield hub_venv_command(target.pip_args)
+    yield api_command(wait_for_fetch, target.path)

@@ -12,6 +12,13 @@ GPU, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset`, and the `n
 Formats: shared/knowledge/sglang-nccl-drivers-lxc-bios.md §4.3. Every raw line is checked before it is
 written (`raw_line_problem`): a key as pve-container parses one, a value of printable characters.
 
+The node's model store (`model` data, pvegpu/models/model.py) is bind-mounted read-only at the same path:
+`mp0: <path>,mp=<path>,ro=1` (`store_mount`, pve-container's own form of it). An `mpN` that already holds
+that line is kept; when `mp0` holds anything else (the operator's) the first free `mpN` gets it, and no other
+`mpN` is touched. A bind mount is root@pam's only (pve-container LXC.pm check_ct_modify_config_perm): an API
+token's write of it goes through root's pvesh (pvegpu/models/pve_root_only.py). pve-container hotplugs a new
+`mpN` into a running container; a changed one stays pending until the container's next start.
+
 `plan_container` gathers it for the container role (pvegpu/run/container.py reads what it is planned from).
 """
 
@@ -35,6 +42,8 @@ CAPS = "nvidia-caps"
 # pve-container's parse_pct_config reads `(lxc\.[a-z0-9_\-\.]+)(:|\s*=)\s*(.*?)\s*$`: a value with a
 # control character, or leading or trailing blanks, would not read back as written (or ends the line).
 RAW_KEY = re.compile(r"lxc\.[a-z0-9_.-]+")
+MP_KEY = re.compile(r"mp([0-9]{1,3})")
+MAX_MOUNT_POINTS = 256  # pve-container LXC/Config.pm $MAX_MOUNT_POINTS: mp0..mp255
 _CAP_NODE = re.compile(rf"{re.escape(CAPS_DIR)}/[A-Za-z0-9_.-]+")
 
 
@@ -96,7 +105,8 @@ class ContainerPlan:
     """The `lxc` profile's container as pvegpu wants it: the keys it converges (`config`) and gives only on
     create (`create`), its raw `lxc.*` lines (`raw`), and the version of the host's loaded NVIDIA module
     (`host_module`, None: none loaded) its userspace driver must equal. `waiting`: why its devices cannot be
-    planned yet (then nothing else is planned)."""
+    planned yet (then nothing else is planned). `store`: the node's model store, bind-mounted read-only at
+    its own path (None: no `model` data)."""
 
     spec: LxcSpec
     config: Mapping[str, str]
@@ -104,11 +114,14 @@ class ContainerPlan:
     raw: tuple[tuple[str, str], ...]
     host_module: str | None
     waiting: str | None = None
+    store: str | None = None
 
     @property
     def created_with(self) -> dict[str, str]:
-        """The keys a create of the container sends (`POST /nodes/{node}/lxc`): `config` and `create`."""
-        return {**self.config, **self.create}
+        """The keys a create of the container sends (`POST /nodes/{node}/lxc`): `config` and `create`, and
+        `mp0` with the model store."""
+        store = {} if self.store is None else {"mp0": store_mount(self.store)}
+        return {**self.config, **self.create, **store}
 
 
 def plan_container(
@@ -119,9 +132,11 @@ def plan_container(
     majors: Mapping[str, int],
     *,
     host_module: str | None,
+    store: str | None = None,
 ) -> ContainerPlan:
     """The plan of container `spec` with `gpus` GPUs on Proxmox `pve_version`, from the host's device nodes
-    (`caps`, `majors`: `plan_lxc_devices`) and loaded module `host_module`. PlanError when the devices cannot
+    (`caps`, `majors`: `plan_lxc_devices`) and loaded module `host_module`; `store`: the node's model store
+    (`ModelSpec.path`; None: none). PlanError when the devices cannot
     be planned while the module is loaded, or for a raw line `raw_line_problem` refuses; without the module
     that is `waiting`: before 8.1 the raw lines need the uvm major, known once the driver this run installs
     loads."""
@@ -133,7 +148,26 @@ def plan_container(
         waiting = f"container not converged yet: {error}; run again"
         return ContainerPlan(spec, {}, {}, (), host_module, waiting)
     config, create = container_config(spec, devices), create_keys(spec)
-    return ContainerPlan(spec, config, create, raw_lines(spec, devices), host_module)
+    return ContainerPlan(spec, config, create, raw_lines(spec, devices), host_module, store=store)
+
+
+def store_mount(path: str) -> str:
+    """The model store's bind mount: `<path>,mp=<path>,ro=1` (read-only, the same path inside; the form
+    pve-container prints a mount point in: the volume, then its options sorted)."""
+    return f"{path},mp={path},ro=1"
+
+
+def store_key(path: str, current: Mapping[str, object]) -> tuple[str, bool] | None:
+    """Which `mpN` of `current` holds the model store at `path`, and whether it must be set there: the one
+    that holds `store_mount(path)` already (False), else `mp0` or, when that is taken, the first free `mpN`
+    (True); None when all 256 are taken."""
+    line = store_mount(path)
+    held = sorted((key for key in current if MP_KEY.fullmatch(key)), key=lambda key: int(key[2:]))
+    for key in held:
+        if str(current[key]) == line:
+            return key, False
+    free = next((f"mp{n}" for n in range(MAX_MOUNT_POINTS) if f"mp{n}" not in current), None)
+    return None if free is None else (free, True)
 
 
 def version_drift(host_module: str | None, container_userspace: str | None) -> str | None:
@@ -220,9 +254,19 @@ class ContainerChange:
         return bool(self.set or self.delete)
 
 
-def diff_container(config: Mapping[str, str], current: Mapping[str, object]) -> ContainerChange:
-    """What to PUT so that `current` (the API's GET, values as Proxmox types them) has `config`."""
+def diff_container(
+    config: Mapping[str, str], current: Mapping[str, object], store: str | None = None
+) -> ContainerChange:
+    """What to PUT so that `current` (the API's GET, values as Proxmox types them) has `config`, and the model
+    store at `store` (None: none) bind-mounted (`store_key`: the operator's `mpN` never touched).
+    PlanError when every `mpN` is taken."""
     changes = {key: value for key, value in config.items() if str(current.get(key)) != value}
+    if store is not None:
+        slot = store_key(store, current)
+        if slot is None:
+            raise PlanError(f"every mpN is taken: the model store {store} cannot be mounted")
+        if slot[1]:
+            changes[slot[0]] = store_mount(store)
     stale = tuple(
         sorted(
             (key for key in current if re.fullmatch(r"dev[0-9]{1,9}", key) and key not in config),

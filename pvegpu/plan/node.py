@@ -3,9 +3,9 @@
 Everything the roles need to decide, derived once from the host's validated specs, its inventory groups and
 what was observed (the PCI hardware; on a Proxmox node also the CPU vendor and kernel release): the GPU
 topology, the profile's GPU functions, the PCI mapping ids, the vfio, MMIO and VM NUMA plans, the VM's plan
-(plan/vm.py `VmPlan`: its config, create keys, GPUDirect cliques, storages), a node's reboot guard
-(plan/reboot.py) and the profile's steps (what to park, what waits and why). Roles read the plan
-(`pvegpu.run.plan.plan_of(host)`) and never derive any of it again. What cannot be planned is kept as
+(plan/vm.py `VmPlan`: its config, create keys, GPUDirect cliques, storages, the model store's share), a
+node's reboot guard (plan/reboot.py) and the profile's steps (what to park, what waits and why). Roles read
+the plan (`pvegpu.run.plan.plan_of(host)`) and never derive any of it again. What cannot be planned is kept as
 `problem` (a `path: message` sentence naming the inventory field) and raised by the first role that needs the
 missing part, before any host is changed.
 """
@@ -138,6 +138,8 @@ def plan_node(name: str, specs: HostSpecs, groups: frozenset[str], observed: Nod
             numa_problem=numa_problem,
             cpu_vendor=None if observed.cpu_kernel is None else observed.cpu_kernel.vendor,
             root_user=specs.pve.root_user,
+            model=specs.model,
+            qemu_server=None if observed.cpu_kernel is None else observed.cpu_kernel.qemu_server,
         )
     waiting = held_by_vfio(node.profile, hardware, functions, specs.host.allow_reboot) if functions else None
     return NodePlan(

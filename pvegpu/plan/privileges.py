@@ -5,8 +5,8 @@ src/PVE/API2/AccessControl.pm `permissions`: `{path: {privilege: propagate}}` fo
 privilege-separated token's answer is what the token itself may do), once per ACL path pvegpu's calls on
 this node are checked on: each `path` of `pvegpu.models.pve_privileges.PVE_PRIVILEGES` with this node's own
 ids filled in (its VM's and container's vmid, the storages its specs name, its PCI mapping ids, the VM's
-bridge, the node). A privilege absent from a path's answer is missing there; its propagate flag does not
-matter (it is held on that path).
+bridge, the node, the model store's directory mapping). A privilege absent from a path's answer is missing
+there; its propagate flag does not matter (it is held on that path).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pvegpu.models.model import SHARE_ID
 from pvegpu.models.pve_privileges import PVE_PRIVILEGES, PvePrivilege
 from pvegpu.models.specs import HostSpecs
 from pvegpu.models.vm import ImageUrl
 
-_PLACEHOLDER = re.compile(r"\{(vmid|storage|id|node|bridge)\}")
+_PLACEHOLDER = re.compile(r"\{(vmid|storage|id|node|bridge|dirid)\}")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class PrivilegeAt:
 
 
 def node_ids(specs: HostSpecs, mapping_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """This node's ids per placeholder of a privilege path: `vmid`, `storage`, `id`, `node`, `bridge`."""
+    """This node's ids per placeholder of a privilege path: `vmid`, `storage`, `id`, `node`, `bridge`,
+    `dirid` (the model store's directory mapping, with `vm` and `model` data)."""
     vm, lxc = specs.vm, specs.lxc
     vmids = [str(guest.vmid) for guest in (vm, lxc) if guest is not None]
     storages: list[str] = []
@@ -48,6 +50,7 @@ def node_ids(specs: HostSpecs, mapping_ids: Sequence[str]) -> dict[str, tuple[st
         "id": tuple(mapping_ids),
         "node": (specs.node.name,),
         "bridge": () if vm is None else (vm.net.bridge,),
+        "dirid": (SHARE_ID,) if vm is not None and specs.model is not None else (),
     }
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pvegpu.models.model_store import FETCH_CONFIG
+from pvegpu.models.model_store import FetchTarget
 from pvegpu.models.nccl import ConfSetting
 from pvegpu.models.recipe import Checkpoint
 from pvegpu.models.secret_file import SecretFile
 from pvegpu.models.sglang import ProbeTarget, SglangSpec
 from pvegpu.plan.errors import PlanError
-from pvegpu.plan.model_fetch import fetch_config, fetch_exec_start
+from pvegpu.plan.model_fetch import ModelFetch, fetch_plan
+from pvegpu.plan.model_mount import mount_unit_name
 from pvegpu.plan.nccl import NcclPlan, Profile, conf_file_problems
 from pvegpu.plan.nccl_topo import NcclTopo
 from pvegpu.plan.recipe import RecipePlan, plan_recipe
@@ -71,20 +72,13 @@ class ServingNccl:
 
 
 @dataclass(frozen=True)
-class ModelFetch:
-    """What `pvegpu-model-fetch.service` is written from: the fetcher's config (plan/model_fetch.py
-    `fetch_config`, written to `FETCH_CONFIG`) and the unit's ExecStart."""
-
-    config: str
-    exec_start: str
-
-
-@dataclass(frozen=True)
 class ServingPlan:
     """The SGLang service of one host (module docstring): its NCCL plan and topology file, the recipe (its
     `notes` are info lines for the run's output), the argv, and the values its templates take; `probe`: the
-    readiness probe's target (plan/sglang_service.py `probe_target`); `model_fetch`: the model fetch's files
-    (None without `sglang.model_repo`)."""
+    readiness probe's target (plan/sglang_service.py `probe_target`); `model_fetch`: this host's own model
+    fetch (None: nothing fetched here: no `sglang.model_repo`, or the node's store serves it);
+    `model_directory`: whether pvegpu makes `model_path` (not where the node's store is mounted or is);
+    `store_mount`: the mount unit of the node's store in a VM guest (plan/model_mount.py), else None."""
 
     nccl: ServingNccl
     recipe: RecipePlan
@@ -96,6 +90,8 @@ class ServingPlan:
     credentials: tuple[tuple[str, str], ...]
     probe: ProbeTarget
     model_fetch: ModelFetch | None
+    model_directory: bool = True
+    store_mount: str | None = None
 
 
 def plan_serving(
@@ -107,10 +103,12 @@ def plan_serving(
     gpu_ids: Sequence[str],
     secrets: Mapping[str, SecretFile],
     conf_files: Mapping[str, tuple[ConfSetting, ...] | None],
+    fetch: FetchTarget | None = None,
 ) -> ServingPlan:
     """The plan of `spec` on a host of `profile` with GPUs of PCI ids `gpu_ids` (module docstring);
     `checkpoint`: the model's (None: none yet, or `recipe: none`), `secrets` and `conf_files` as the host's
-    state read shows them. PlanError with every problem, one line each."""
+    state read shows them; `fetch`: what this host fetches itself (pvegpu/run/serving.py `own_fetch`).
+    PlanError with every problem, one line each."""
     recipe = plan_recipe(spec, checkpoint, gpu_ids, p2p=nccl.p2p)
     argv = plan_sglang_argv(spec, len(gpu_ids), (*nccl.plan.argv, *recipe.argv))
     problems = (
@@ -120,6 +118,7 @@ def plan_serving(
     )
     if problems:
         raise PlanError("\n".join(problems))
+    shared = spec.model_share if fetch is None else None  # a fallback fetch makes its own directory
     return ServingPlan(
         nccl=nccl,
         recipe=recipe,
@@ -130,7 +129,7 @@ def plan_serving(
         exec_start_pre=exec_start_pre(spec),
         credentials=credentials(spec),
         probe=probe_target(spec),
-        model_fetch=None
-        if spec.model_repo is None
-        else ModelFetch(fetch_config(spec), fetch_exec_start(FETCH_CONFIG)),
+        model_fetch=None if fetch is None else fetch_plan(fetch),
+        model_directory=shared is None,
+        store_mount=mount_unit_name(spec.model_path) if shared == "virtiofs" else None,
     )

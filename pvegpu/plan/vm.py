@@ -9,7 +9,9 @@ MAC then):
     hugepages (when set), balloon 0, agent 1, onboot, scsihw, hostpciN (mapping=<prefix>N,pcie=1),
     args (-fw_cfg name=opt/ovmf/X-PciMmio64Mb,... for vm.mmio = args, then the clique parts for
     vm.p2p = on) or cpu host,guest-phys-bits=N (plan/mmio.py),
-    hookscript (pvegpu's pre-start hook, unless vm.self_heal is off; `off` deletes only pvegpu's)
+    hookscript (pvegpu's pre-start hook, unless vm.self_heal is off; `off` deletes only pvegpu's),
+    virtiofs0 (`pvegpu-models`: the node's model store, with `model` data and a qemu-server that has
+    virtiofs, plan/model_share.py)
 
 `diff_vm` compares with the config the API returns (ints and strings as Proxmox types them) and never
 touches a disk that exists: a missing disk is added, an existing one is left as it is, nothing is recreated.
@@ -20,7 +22,11 @@ with `off`, and with `probe` (`keep_clique`) left to the P2P operation (pvegpu/o
 `cpu` never has `hidden=1` (kvm=off: the guest's NVIDIA driver then ignores the clique): pvegpu's `cpu`
 value replaces the VM's, and when the VM's had `hidden=1` beside a clique, `VmChange.notes` says so.
 pvegpu owns every `numaN` (a key it no longer plans is deleted: Proxmox refuses nodes whose memory does not
-add up).
+add up). `virtiofs0` is the model store's share (plan/model_share.py): a `virtiofsN` that already names
+`pvegpu-models` is kept as it is (its options the operator's), a `virtiofs0` that names another directory is
+the operator's and pvegpu takes the first free `virtiofsN`; without `model` only a `virtiofsN` naming
+`pvegpu-models` is deleted. A running VM keeps a changed `virtiofsN` pending until its next cold start
+(qemu-server cannot hotplug it): `pending_keys` names it like any other key.
 
 `plan_vm` gathers all of it for a node's VM, once with the node's plan (plan/node.py `NodePlan.vm`): the keys,
 the clique parts, the storages its files use, the functions not bound to vfio-pci yet, and why the VM cannot
@@ -34,11 +40,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pvegpu.models.hardware import HostHardware
+from pvegpu.models.model import SHARE_ID, ModelSpec
 from pvegpu.models.vm import ImageUrl, VmSpec
 from pvegpu.plan.cloud_init import image_volid, snippet_volid
 from pvegpu.plan.convert import CONVERSION_KEYS, needs_conversion
 from pvegpu.plan.hostpci import HOSTPCI_KEY, desired_hostpci, diff_hostpci
 from pvegpu.plan.mmio import MmioWindow, mmio_refusal
+from pvegpu.plan.model_share import (
+    MAX_VIRTIOFS,
+    VIRTIOFS_KEY,
+    ModelShare,
+    no_virtiofs_line,
+    virtiofs_available,
+    virtiofs_dirid,
+)
 from pvegpu.plan.numa import NumaPlan
 from pvegpu.plan.p2p import CLIQUE_PART, clique_args, own_clique, plan_cliques
 from pvegpu.plan.topology import Topology
@@ -49,6 +64,7 @@ NVIDIA = "10de"
 DISPLAY = 0x03
 _MMIO_ARG = re.compile(r"\s*-fw_cfg\s+name=opt/ovmf/X-PciMmio64Mb,string=\S+")
 NUMA_NODE_KEY = re.compile(r"numa[0-9]+")
+VIRTIOFS_N = re.compile(r"virtiofs[0-9]")
 _TRUE = ("1", "on", "yes", "true")  # Proxmox's true booleans
 
 
@@ -58,7 +74,8 @@ class VmPlan:
     its GPUDirect clique parts (`clique`, plan/p2p.py: set in `args` with `vm.p2p: on`, by the P2P operation
     with `probe`), the storages its files and image use with the content types each must offer (`storages`),
     the functions of its GPUs not bound to vfio-pci when the node was read (`unbound`), and `problem`: why it
-    cannot be made (None: it can)."""
+    cannot be made (None: it can). `share`: the model store it gets through virtiofs (plan/model_share.py;
+    None: no `model` data, or a qemu-server without virtiofs, which `share_note` then says)."""
 
     spec: VmSpec
     config: Mapping[str, str]
@@ -67,6 +84,8 @@ class VmPlan:
     storages: Mapping[str, Sequence[str]]
     unbound: tuple[str, ...]
     problem: str | None
+    share: ModelShare | None = None
+    share_note: str | None = None
 
     @property
     def created_with(self) -> dict[str, str]:
@@ -85,12 +104,15 @@ def plan_vm(
     numa_problem: str | None,
     cpu_vendor: str | None,
     root_user: str | None,
+    model: ModelSpec | None = None,
+    qemu_server: tuple[int, int, int] | None = None,
 ) -> VmPlan:
     """The plan of VM `spec` on a node with `hardware`, `topology` and CPU vendor `cpu_vendor` (the node's
     plan gives `mapping_ids`, the MMIO `window`, the `numa` layout or `numa_problem`); `root_user`: who writes
-    root-only keys (`PveApiSpec.root_user`). Never raises: what cannot be made is `problem`, in this order: a
-    GPU that cannot be passed, the NUMA layout, an MMIO strategy the credentials cannot set, a window that
-    cannot hold the BARs."""
+    root-only keys (`PveApiSpec.root_user`); `model`: the node's model store, shared through virtiofs when
+    the node's `qemu_server` has it (plan/model_share.py). Never raises: what cannot be made is `problem`,
+    in this order: a GPU that cannot be passed, the NUMA layout, an MMIO strategy the credentials cannot set,
+    a window that cannot hold the BARs."""
     clique = clique_args(plan_cliques(topology, cpu_vendor))
     passable = passable_problem(topology)
     refusal = mmio_refusal(spec.mmio, root_user)
@@ -100,14 +122,21 @@ def plan_vm(
         refusal,
         None if window is None or window.problem is None else f"vm.mmio: {window.problem}",
     )
+    share = note = None
+    if model is not None and virtiofs_available(qemu_server):
+        share = ModelShare(model.path)
+    elif model is not None and qemu_server is not None:
+        note = no_virtiofs_line(qemu_server)
     return VmPlan(
         spec=spec,
-        config=vm_config(spec, mapping_ids, window, numa, clique),
+        config=vm_config(spec, mapping_ids, window, numa, clique, share=None if share is None else share.id),
         create=create_keys(spec),
         clique=clique,
         storages=storages_used(spec),
         unbound=unbound_functions(hardware, topology),
         problem=next((problem for problem in problems if problem is not None), None),
+        share=share,
+        share_note=note,
     )
 
 
@@ -137,10 +166,13 @@ def vm_config(
     window: MmioWindow | None,
     numa: NumaPlan | None = None,
     clique: str = "",
+    *,
+    share: str | None = None,
 ) -> dict[str, str]:
     """The keys pvegpu converges (see the module docstring), values as Proxmox stores them; `numa` None:
     one socket of `vm.cores`, no numaN (the flat layout). `clique`: plan/p2p.py's clique parts, set in
-    `args` with `vm.p2p: on` (with `probe` and `off` plan/p2p's operation owns them)."""
+    `args` with `vm.p2p: on` (with `probe` and `off` plan/p2p's operation owns them). `share`: the directory
+    mapping the VM gets as `virtiofs0` (plan/model_share.py; None: none)."""
     # plan/mmio.py: `host`, or `host,guest-phys-bits=N` with vm.mmio phys-bits (QEMU ignores phys-bits there).
     cpu = "host" if window is None or spec.mmio != "phys-bits" else window.cpu
     config = {
@@ -170,6 +202,8 @@ def vm_config(
         config["args"] = " ".join(owned)
     if spec.self_heal != "off":
         config["hookscript"] = hookscript_volid(spec)
+    if share is not None:
+        config[VIRTIOFS_KEY] = share  # the dirid alone: Proxmox's defaults (plan/model_share.py)
     return config
 
 
@@ -274,6 +308,9 @@ def diff_vm(
     """What to PUT so `current` has `desired` (from vm_config); raises HostPciError for a taken slot.
 
     - plain keys: compared as text (`16` == 16); `hugepages` and every `numaN` not in `desired` are deleted;
+    - `virtiofs0` (the model store's share): present when any `virtiofsN` names its dirid, else set at
+      `virtiofs0`, or at the first free `virtiofsN` when `virtiofs0` names another directory (the
+      operator's); without it in `desired`, each `virtiofsN` naming `pvegpu-models` is deleted (`virtiofs`);
     - `args`: only pvegpu's parts are compared and replaced: its MMIO part, and its clique parts
       (plan/p2p.py) as `desired` has them (none: removed), unless `keep_clique` (`vm.p2p: probe`);
     - `net0`: model and bridge compared, the MAC kept; `efidisk0`/`scsi0`: added when missing, else left;
@@ -291,7 +328,7 @@ def diff_vm(
     hostpci = {key: value for key, value in desired.items() if HOSTPCI_KEY.fullmatch(key)}
     to_set: dict[str, str] = {}
     for key, value in desired.items():
-        if key in hostpci or key == "args":
+        if key in hostpci or key in ("args", VIRTIOFS_KEY):
             continue
         now = current.get(key)
         if now is None or str(now) != value:
@@ -309,6 +346,9 @@ def diff_vm(
     )
     if "hookscript" not in desired and is_pvegpu_hookscript(current.get("hookscript")):
         delete.append("hookscript")
+    shared, unshared, share_note = virtiofs(desired.get(VIRTIOFS_KEY), current)
+    to_set.update(shared)
+    delete += unshared
     for key in ("efidisk0", "scsi0"):
         if key not in current and key in create:
             to_set[key] = create[key]
@@ -319,12 +359,28 @@ def diff_vm(
     elif (net[0], net[2]) != (model, bridge):
         to_set["net0"] = f"{model}={net[1]},bridge={bridge}" if net[1] else create["net0"]
     note = hidden_dropped(current.get("cpu"), own_clique(args)) if "cpu" in to_set else None
-    notes = () if note is None else (note,)
+    notes = tuple(line for line in (note, share_note) if line is not None)
     if legacy:
         return VmChange(to_set, tuple(delete), notes)
     change = diff_hostpci(hostpci, current, prefix)
     to_set.update(change.set)
     return VmChange(to_set, (*delete, *change.delete), notes)
+
+
+def virtiofs(
+    dirid: str | None, current: Mapping[str, object], own: str = SHARE_ID
+) -> tuple[dict[str, str], list[str], str | None]:
+    """(keys to set, keys to delete, a note) so `current` shares the directory mapping `dirid` once (None:
+    shares `own` nowhere); see `diff_vm`. The note says why it is not set: every virtiofsN taken."""
+    keys = sorted((key for key in current if VIRTIOFS_N.fullmatch(key)), key=lambda k: int(k[8:]))
+    if dirid is None:
+        return {}, [key for key in keys if virtiofs_dirid(current[key]) == own], None
+    if any(virtiofs_dirid(current[key]) == dirid for key in keys):
+        return {}, [], None
+    free = next((f"virtiofs{n}" for n in range(MAX_VIRTIOFS) if f"virtiofs{n}" not in current), None)
+    if free is None:
+        return {}, [], f"every virtiofsN is taken: the model store ({dirid}) is not shared with the VM"
+    return {free: dirid}, [], None
 
 
 def _net(value: object) -> tuple[str, str, str] | None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pvegpu.models.dir_mapping import DirMapping, DirMappingState
 from pvegpu.models.pve import (
     BackupJob,
     GuestConfig,
@@ -24,6 +25,7 @@ from pvegpu.pve.answers import (
     ShapeError,
     answer_dict,
     answer_list,
+    answer_strings,
     backup_job,
     guest_config,
     mapping_params,
@@ -117,12 +119,16 @@ class PveClient:
 
     def mapping(self, mapping_id: str) -> MappingState | None:
         """`GET /cluster/mapping/pci/{id}`, None when Proxmox says `mapping '<id>' not found`."""
+        return self._mapping_or_none(
+            "pci",
+            mapping_id,
+            lambda data: mapping_state({**answer_dict(data), "id": mapping_id}, checked=False),
+        )
+
+    def _mapping_or_none(self, kind: str, mapping_id: str, parse: Callable[[object], _T]) -> _T | None:
+        """`GET /cluster/mapping/{kind}/{id}` parsed, None when Proxmox says `mapping '<id>' not found`."""
         try:
-            return self._read(
-                f"/cluster/mapping/pci/{mapping_id}",
-                {},
-                lambda data: mapping_state({**answer_dict(data), "id": mapping_id}, checked=False),
-            )
+            return self._read(f"/cluster/mapping/{kind}/{mapping_id}", {}, parse)
         except PveResponseError:
             raise
         except PveError as error:
@@ -143,6 +149,34 @@ class PveClient:
     def delete_mapping(self, mapping_id: str) -> None:
         """`DELETE /cluster/mapping/pci/{id}` (a missing id is not an error)."""
         self._write("DELETE", f"/cluster/mapping/pci/{mapping_id}", {})
+
+    # -- cluster directory mappings (pve-manager API2/Cluster/Mapping/Dir.pm)
+    def dir_mapping(self, mapping_id: str) -> DirMappingState | None:
+        """`GET /cluster/mapping/dir/{id}`, None when Proxmox says `mapping '<id>' not found`."""
+
+        def parse(data: object) -> DirMappingState:
+            values = answer_dict(data)
+            description = values.get("description")
+            mapping = DirMapping(
+                mapping_id,
+                tuple(answer_strings(values.get("map", []))),
+                None if description is None else str(description),
+            )
+            return DirMappingState(mapping, text_of(values, "digest"))
+
+        return self._mapping_or_none("dir", mapping_id, parse)
+
+    def create_dir_mapping(self, mapping: DirMapping) -> None:
+        """`POST /cluster/mapping/dir` (`create directory mapping failed: dir ID '<id>' already defined` when
+        it exists; Mapping.Modify on /mapping/dir)."""
+        params = {"id": mapping.id, "map": list(mapping.map), "description": mapping.description}
+        self._write("POST", "/cluster/mapping/dir", params)
+
+    def update_dir_mapping(self, mapping: DirMapping, digest: str) -> None:
+        """`PUT /cluster/mapping/dir/{id}` with the whole `map` and the `digest` of the read it is based on
+        (the whole directory.cfg's: a file changed since is refused; Mapping.Modify on /mapping/dir/{id})."""
+        params = {"map": list(mapping.map), "description": mapping.description, "digest": digest}
+        self._write("PUT", f"/cluster/mapping/dir/{mapping.id}", params)
 
     # -- what holds a guest: HA, replication, backup jobs
     def ha_resources(self) -> tuple[str, ...]:

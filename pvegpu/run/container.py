@@ -1,6 +1,7 @@
 """The `lxc` profile's container on a Proxmox node: its plan (pvegpu/plan/lxc.py `plan_container`) from the
 node's plan and what the node shows (its Proxmox VE release, the NVIDIA device nodes and character majors,
-the loaded NVIDIA module), read when the container role asks; and the userspace driver in the container."""
+the loaded NVIDIA module) and the model store's path (`model`), read when the container role asks; and the
+userspace driver in the container."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def container_plan_of(target: Host) -> ContainerPlan:
         nodes.caps,
         nodes.majors,
         host_module=None if module is None else module.version,
+        store=None if plan.specs.model is None else plan.specs.model.path,
     )
 
 

@@ -25,7 +25,7 @@ from pvegpu.models.boot import KernelBoot
 from pvegpu.models.model_store import record_path
 from pvegpu.plan import gauges
 from pvegpu.plan.kernel_guard import kernel_problems, module_built_anywhere, next_boot_kernel
-from pvegpu.plan.model_fetch import fetch_reason
+from pvegpu.plan.model_fetch import fetch_reason, serving_fetch_target
 from pvegpu.plan.p2p import guest_uses_p2p
 from pvegpu.run.host_state import node_p2p, state_of
 from pvegpu.run.plan import plan_of
@@ -47,11 +47,11 @@ def serving_gauges(target: Host) -> str:
     steps, spec = plan.serving, plan.specs.sglang
     state = state_of(target)
     model = p2p = boot = None
-    if steps is not None and steps.sglang and spec.model_repo is not None:
-        record = parse_model_record(state.records.get(record_path(spec.model_path)))
-        complete = fetch_reason(spec, record, state.store) is None
-        revision = spec.model_revision or "main"
-        model = gauges.ModelValue(spec.model_path, spec.model_repo, revision, complete)
+    fetch = serving_fetch_target(spec)
+    if steps is not None and steps.sglang and fetch is not None:
+        record = parse_model_record(state.records.get(record_path(fetch.path)))
+        complete = fetch_reason(fetch, record, state.store) is None
+        model = gauges.ModelValue(fetch.path, fetch.repo, fetch.revision or "main", complete)
     mode = node_p2p(target)
     if mode is not None:
         record_ = state.p2p_record

@@ -22,6 +22,7 @@ from pyinfra.api.state import State
 
 from pvegpu.facts.checkpoint import WEIGHT_INDEX, checkpoint_records, read_checkpoint
 from pvegpu.facts.host_read import HostRead, HostState, StateRequest
+from pvegpu.facts.model_store import StoreRead, parse_model_record
 from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
@@ -48,6 +49,7 @@ from pvegpu.plan.driver import (
     disables_hmm,
 )
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.model_mount import SYSTEMD_UNITS, mount_unit_name
 from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.profile import NodeSteps, ServingSteps, serving_steps
@@ -156,6 +158,9 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
     fetched = spec.model_repo is not None
     if fetched:
         paths += [FETCH_SCRIPT, FETCH_CONFIG, FETCH_UNIT_FILE]
+    # A VM guest's mount of its node's store (roles/sglang.py), whether or not its node gives virtiofs.
+    mount = [mount_unit_name(spec.model_path)] if spec.model_share == "virtiofs" else []
+    paths += [f"{SYSTEMD_UNITS}/{unit}" for unit in mount]
     return replace(
         request,
         records=(
@@ -167,7 +172,7 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         weight_index=f"{spec.model_path}/{WEIGHT_INDEX}" if checkpoint else None,
         model_store=spec.model_path if fetched else None,
         paths=tuple(dict.fromkeys(paths)),
-        units=(*request.units, SERVICE),
+        units=(*request.units, *mount, SERVICE),
         users=(spec.user,),
         groups=(spec.user,),
         venvs=(spec.venv,),
@@ -185,6 +190,13 @@ def serving_checkpoint(spec: SglangSpec, state: HostState) -> Checkpoint | None:
         return read_checkpoint(spec.model_path, state.records, state.layers)
     except ParseError as error:
         raise PlanError(f"{SGLANG_KEY}.model_path: {error}") from None
+
+
+def model_read(target: Host, path: str) -> StoreRead:
+    """The fetcher's record and the files of the model directory `path` on serving host `target`, from its
+    state read (`_with_sglang` reads them with `sglang.model_repo`)."""
+    state = state_of(target)
+    return parse_model_record(state.records.get(record_path(path))), state.store
 
 
 def read_serving_host(target: Host) -> None:

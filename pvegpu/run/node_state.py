@@ -29,12 +29,15 @@ from pvegpu.facts.boot import KernelCmdline
 from pvegpu.facts.host_driver import HostDriverFiles
 from pvegpu.facts.node_read import STORAGE_CFG, ImageDigest, NodeRead, NodeState, NodeStateRequest
 from pvegpu.hook.bundle import BUNDLE_PATH
+from pvegpu.models.dir_mapping import DIRECTORY_CFG
 from pvegpu.models.exporter import TEXTFILES, TIMER_FILES
 from pvegpu.models.host_driver import HostDriverState
+from pvegpu.models.model import MODEL_KEY, ModelSpec
 from pvegpu.models.node import NODE_KEY, NodeSpec
 from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.vm import VM_KEY, ImageUrl, VmSpec
 from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
+from pvegpu.plan.model_fetch import node_fetch_target
 from pvegpu.run.progress import commands_run
 
 # Per run and node: the read, and how many of the node's operations had run commands when it was taken.
@@ -47,12 +50,16 @@ def _greenlet_lock() -> AbstractContextManager[object]:
     return cast(AbstractContextManager[object], Semaphore())
 
 
-def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
+def node_request(
+    node: NodeSpec, vm: VmSpec | None = None, model: ModelSpec | None = None
+) -> NodeStateRequest:
     """The read of a node with the `node` settings: every file the node's operations decide from; with `vm`,
-    also its config, storage.cfg, the PCI mappings and its QEMU process (pidfile, command line, state), the
+    also its config, storage.cfg, the PCI and directory mappings (the model store's, pvegpu/operations/
+    mapping_dir.py) and its QEMU process (pidfile, command line, state), the
     API's answers for which pvegpu/facts/pve_files.py computes; with a `vm.image` URL, the digest of the
     image file in each storage's `import/` while the VM does not exist (`image_downloaded` checks a volume
-    there); the node exporter and pvegpu's textfiles (pvegpu/run/exporter.py)."""
+    there); the node exporter and pvegpu's textfiles (pvegpu/run/exporter.py); with `model` fetched from a
+    hub, the fetcher's record and the store's files (roles/model_store.py)."""
     image = None if vm is None else vm.image
     return NodeStateRequest(
         sysfs_root=str(node.sysfs_root),
@@ -60,11 +67,14 @@ def node_request(node: NodeSpec, vm: VmSpec | None = None) -> NodeStateRequest:
         driver_files=DRIVER_FILES,
         driver_units=DRIVER_UNITS,
         sha256_paths=(BUNDLE_PATH,),
-        pve_files=() if vm is None else (vm_config_path(node.name, vm.vmid), STORAGE_CFG, MAPPING_CFG),
+        pve_files=()
+        if vm is None
+        else (vm_config_path(node.name, vm.vmid), STORAGE_CFG, MAPPING_CFG, DIRECTORY_CFG),
         vmids=() if vm is None else (vm.vmid,),
         image_files=((image.checksum_algorithm, image.stored_name),) if isinstance(image, ImageUrl) else (),
         image_unless=None if vm is None else vm_config_path(node.name, vm.vmid),
         exporter_files=(*TEXTFILES, *TIMER_FILES),
+        model_store=None if model is None or node_fetch_target(model) is None else model.path,
     )
 
 
@@ -83,7 +93,10 @@ def node_state_of(target: Host) -> NodeState:
         states = _STATES.setdefault(target.state, {})
         if target.name not in states:
             vm = spec_of(target.data, VM_KEY, VmSpec) if target.data.get(VM_KEY) is not None else None
-            request = node_request(spec_of(target.data, NODE_KEY, NodeSpec), vm)
+            model = (
+                spec_of(target.data, MODEL_KEY, ModelSpec) if target.data.get(MODEL_KEY) is not None else None
+            )
+            request = node_request(spec_of(target.data, NODE_KEY, NodeSpec), vm, model)
             states[target.name] = (commands_run(target), target.get_fact(NodeRead, request=request))
         return states[target.name][1]
 

@@ -17,22 +17,34 @@ the host's state read, which it needs (checkpoint, key files, NCCL conf files), 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from weakref import WeakKeyDictionary
 
 from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
+from pvegpu.facts.checkpoint import WEIGHT_INDEX, checkpoint_records
+from pvegpu.facts.host_read import HostRead, HostState, StateRequest
 from pvegpu.facts.nccl import topology_file_read
 from pvegpu.facts.sglang import SglangNcclChannels, SglangNcclTopologyFile
 from pvegpu.inventory.guests import GUEST_OF_KEY
+from pvegpu.models.model_store import FetchTarget
+from pvegpu.models.recipe import Checkpoint
+from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.specs import host_specs
 from pvegpu.plan.bench import BenchPlan, SpeedSettings, plan_bench, speed_settings
+from pvegpu.plan.errors import PlanError
+from pvegpu.plan.model_fetch import fetch_reason, serving_fetch_target
+from pvegpu.plan.model_mount import mount_unit_name
+from pvegpu.plan.model_share import virtiofs_available
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
 from pvegpu.plan.nccl_transports import uses_p2p
 from pvegpu.plan.p2p import guest_uses_p2p
 from pvegpu.plan.serving import ServingNccl, ServingPlan, plan_serving
-from pvegpu.run.host_state import nccl_conf_files, node_p2p, serving_checkpoint, state_of
+from pvegpu.run.host_state import model_read, nccl_conf_files, node_p2p, serving_checkpoint, state_of
+from pvegpu.run.node_state import node_state_of
 from pvegpu.run.plan import node_host_of, plan_of
 
 _PLANS: WeakKeyDictionary[State, dict[str, ServingPlan]] = WeakKeyDictionary()
@@ -66,16 +78,86 @@ def serving_plan_of(target: Host) -> ServingPlan:
         specs = node_plan.specs
         nccl = serving_nccl(target)
         state = state_of(target)
-        plan = plans[target.name] = plan_serving(
+        plan = plan_serving(
             specs.node.profile,
             specs.sglang,
             nccl,
-            checkpoint=serving_checkpoint(specs.sglang, state),
+            checkpoint=_checkpoint(target, state, fetch := own_fetch(target)),
             gpu_ids=[gpu.id for gpu in node_plan.topology.gpus],
             secrets=state.secrets,
             conf_files=nccl_conf_files(state, specs),
+            fetch=fetch,
         )
+        _node_store_complete(target, fetch)
+        plans[target.name] = plan
     return plan
+
+
+def _checkpoint(target: Host, state: HostState, fetch: FetchTarget | None) -> Checkpoint | None:
+    """The checkpoint `target` serves, from its state read; for a VM guest whose mount of its node's store is
+    not up yet (this run mounts it), as the node's store shows it (one read on the node, in that run alone),
+    so that the recipe is the one later runs plan."""
+    spec = plan_of(target).specs.sglang
+    node_host = node_host_of(target)
+    if fetch is not None or spec.model_share != "virtiofs" or node_host is None or _mounted(state, spec):
+        return serving_checkpoint(spec, state)
+    model = host_specs(node_host.data).model
+    if model is None:
+        return serving_checkpoint(spec, state)
+    request = StateRequest(
+        records=checkpoint_records(model.path), weight_index=f"{model.path}/{WEIGHT_INDEX}"
+    )
+    seen = serving_checkpoint(
+        spec.model_copy(update={"model_path": model.path}), node_host.get_fact(HostRead, request=request)
+    )
+    return None if seen is None else replace(seen, path=spec.model_path)
+
+
+def _mounted(state: HostState, spec: SglangSpec) -> bool:
+    """Whether the VM guest's mount unit of its node's store runs (roles/sglang.py)."""
+    mount = state.units.get(mount_unit_name(spec.model_path))
+    return mount is not None and mount.running
+
+
+def _node_store_complete(target: Host, fetch: FetchTarget | None) -> None:
+    """PlanError when VM guest or container `target` sees its node's store (`sglang.model_share`) and its
+    state read shows the store not complete: the node's run fetches it, and a later run here serves it. Not
+    checked before the guest's mount of the store is up (this run mounts it: the node completed the store
+    before it started the VM), nor on bare metal (its own run fetches first)."""
+    spec = plan_of(target).specs.sglang
+    wanted = serving_fetch_target(spec)
+    if fetch is not None or wanted is None or spec.model_share not in ("virtiofs", "bind"):
+        return
+    if spec.model_share == "virtiofs" and not _mounted(state_of(target), spec):
+        return
+    reason = fetch_reason(wanted, *model_read(target, spec.model_path))
+    if reason is not None:
+        raise PlanError(
+            f"model: {spec.model_path}: the node's store is not complete ({reason}); the node's "
+            "deploy/site.py fetches it: run it again once it has"
+        )
+
+
+def own_fetch(target: Host) -> FetchTarget | None:
+    """What serving host `target` fetches itself: `sglang.model_repo` into `model_path` when it does not see
+    its node's store (`sglang.model_share` unset), or as the fallback of a VM guest whose node's qemu-server
+    has no virtiofs (the node in this run's inventory; one info line says so); else None."""
+    spec = plan_of(target).specs.sglang
+    fetch = serving_fetch_target(spec)
+    if fetch is None or spec.model_share is None:
+        return fetch
+    node_host = node_host_of(target) if spec.model_share == "virtiofs" else None
+    if node_host is None:
+        return None
+    qemu_server = node_state_of(node_host).cpu_kernel.qemu_server
+    if virtiofs_available(qemu_server):
+        return None
+    version = ".".join(map(str, qemu_server or ()))
+    logger.info(
+        f"{target.print_prefix}model: the node's qemu-server {version} has no virtiofs (Proxmox VE 8.4+): "
+        f"fetched into {spec.model_path} here, verified as on the node"
+    )
+    return fetch
 
 
 def settings_in_force(target: Host) -> SpeedSettings:

@@ -61,25 +61,29 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         )
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
-        # Run 1 changes 14 of the node's 19 operations (host, mappings; the storage's content types, the
-        # cloud image downloaded, the user-data snippet, the pre-start hook, the VM created from the image,
-        # its disk grown, started, its guest's host key recorded; the node's gauges and gauges timer; no
-        # host driver to park,
-        # no i440FX VM to convert, no pending config change to apply; the node exporter is in the lab's root,
-        # installed and running); the guest is not in run 1's inventory (it did not exist when run 1
-        # connected). Run 2 changes 29 operations on the guest (driver, the model fetched from the node's
-        # stand-in hub: the fetcher, its settings, its unit, the reload, the fetch; SGLang, NCCL's topology
-        # file; its gauges and gauges timer) and none on the node (its 19, plus the guest's already-present
-        # packages and its node exporter); the doctor changes nothing.
+        # Run 1 changes 21 of the node's 27 operations (host, mappings; the model fetched into the node's
+        # store from its stand-in hub: the store, the fetcher, its settings, its unit, the reload, the fetch;
+        # the storage's content types, the cloud image downloaded, the user-data snippet, the pre-start hook,
+        # the store's directory mapping, the VM created from the image with its virtiofs0, its disk grown,
+        # started, its guest's host key recorded; the node's gauges and gauges timer; no host driver to park,
+        # no i440FX VM to convert, no pending config change to apply; the node exporter and Python's venv
+        # support are in the lab's root); the guest is not in run 1's inventory (it did not exist when run 1
+        # connected). Run 2 changes 26 operations on the guest (driver; the node's store mounted read-only:
+        # its mount unit, the reload, the mount; SGLang, NCCL's topology file; its gauges and gauges timer)
+        # and none on the node (its 21 with the store complete, plus the guest's already-present packages and
+        # its node exporter); the doctor changes nothing.
         assert GRAND_TOTAL.findall(output) == [
-            ("19", "14", "-", "5"),
-            ("50", "29", "-", "21"),
+            ("27", "21", "-", "6"),
+            ("49", "26", "-", "23"),
             ("-", "-", "-", "-"),
         ]
         assert f"info: guest {name}v100 of {name} is not in this run's inventory" in output
         verified = r"festr2/GLM-5-NVFP4-MTP@[0-9a-f]{40}: 4 files, 24\.3 MB, verified"
-        assert re.search(rf"\[{name}v100\] model: {verified}", output), output  # run 2's fetch
-        # The doctor (run 3) finds it still as verified, from the record and the file list alone.
+        assert re.search(rf"\[{name}\] model: {verified}", output), output  # run 1's fetch, on the node
+        # The doctor (run 3) finds the store still as verified, from the record and the file list alone: on
+        # the node, and in the guest through its read-only mount.
+        store = "/var/lib/pvegpu/models/GLM-5-NVFP4-MTP"
+        assert re.search(rf"\[{name}\]\s+model: {store}: {verified}", output), output
         assert re.search(rf"\[{name}v100\] model: /srv/models/GLM-5-NVFP4-MTP: {verified}", output), output
         gpus = re.findall(r"^(gpu\d)  (\S+)  10de:2bb1 10de:204b .* passable$", output, re.MULTILINE)
         assert [gpu for gpu, _ in gpus] == [f"gpu{index}" for index in range(8)], output
@@ -101,6 +105,13 @@ def test_demo_runs_the_main_job_and_shows_the_nodes_8_gpus(lab_run_dir: Path) ->
         # VM's start; the live gauges of each host's timer (run once now rather than waiting its 30 s): the
         # node's mappings as the hook would decide them now, the guest's SGLang; the guest's model and P2P.
         node, guest = hosts.get_host(name), hosts.get_host(f"{name}v100")
+        # The guest reads the node's store through virtiofs, read-only (the VM's `virtiofs0: pvegpu-models`).
+        assert "virtiofs0: pvegpu-models\n" in ssh(node, "cat /etc/pve/qemu-server/100.conf")
+        write = "touch /srv/models/GLM-5-NVFP4-MTP/x 2>&1 || true"
+        assert (
+            ssh(guest, write)
+            == "touch: cannot touch '/srv/models/GLM-5-NVFP4-MTP/x': Read-only file system\n"
+        )
         refresh(node)
         assert_node_gauges(scraped(node), name, REFERENCE_BUSES, hook="unchanged", result="valid")
         refresh(guest)

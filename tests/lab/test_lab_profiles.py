@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from lab import boot, guest_payload, hosts
+from lab import boot, guest_payload, hosts, hub
 from lab.images import CATALOGUE, image_bytes
 from lab.pve import node as pve_node
 from pvegpu.facts.nvidia import parse_version_file
@@ -372,6 +372,14 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
 ) -> None:
     node = lab_node(pve_name)
     fresh_state = fresh_vm(pyinfra_cli, monkeypatch, node)
+    # The node fetched the model into its one store, each file once; the VM reads it through virtiofs.
+    fetched = hub_gets(node)
+    assert sorted(fetched) == sorted(["config.json", "model.safetensors.index.json", *hub.SHARDS])
+    assert "virtiofs0: pvegpu-models\n" in (fresh_state["files"]["/etc/pve/qemu-server/100.conf"] or "")
+    assert (node.root / "etc/pve/mapping/directory.cfg").read_text() == (
+        f"pvegpu-models\n\tmap node={pve_name},path={STORE}\n"
+        f"\tdescription pvegpu model store pvegpu-owner: {pve_name}\n\n"
+    )
 
     # baremetal, not allowed to reboot: the running VM is not stopped, and the run says what it would do.
     held, log, _ = site(pyinfra_cli, monkeypatch, node, "baremetal", allow=False)
@@ -421,8 +429,8 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
         in bare["files"]["/etc/default/grub.d/pvegpu.cfg"]
     )
     assert bare["files"]["/etc/pve/mapping/pci.cfg"] == fresh_state["files"]["/etc/pve/mapping/pci.cfg"]
-    # The host itself serves, with the P2P plan.
-    assert settings(bare["files"]["/etc/pvegpu/sglang.env"]) == P2P_SETTINGS
+    # The host itself serves its store's checkpoint, with the P2P plan and the recipe P2P allows.
+    assert settings(bare["files"]["/etc/pvegpu/sglang.env"]) == [*P2P_SETTINGS, *RECIPE_ENV]
     assert (
         "# Profile baremetal: the host driver gives P2P between the GPUs"
         in bare["files"]["/etc/pvegpu/sglang.env"]
@@ -442,6 +450,9 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     # baremetal -> lxc: the host's SGLang stops (the container serves); the driver stays, no reboot.
     moved, _, _ = site(pyinfra_cli, monkeypatch, node, "lxc", more=CONTAINER)
     assert moved[DRIVER_PARK] == "success"
+    # The container reads the node's store read-only at the store's own path.
+    ct_config = pvesh(node, f"get /nodes/{pve_name}/lxc/200/config")
+    assert ct_config["mp0"] == f"{STORE},mp={STORE},ro=1"
     assert (moved[CT_CONFIG], moved[CT_START], moved[NV_PACKAGES]) == ("success", "success", "no_change")
     on_lxc = host_driver_state(node, uvm_major(node))
     assert on_lxc["units"] == {**dict.fromkeys(UNITS, "active"), "sglang.service": "inactive"}
@@ -453,7 +464,16 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
     ]
     assert reboots(node) == 3
 
-    back, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
+    back_to_vm_as_fresh(pyinfra_cli, monkeypatch, node, fresh_state)
+    # vm -> baremetal -> lxc -> vm served the one store: nothing was downloaded again.
+    assert hub_gets(node) == fetched
+
+
+def back_to_vm_as_fresh(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, node: hosts.LabHost, fresh_state: dict[str, Any]
+) -> None:
+    """From `lxc` back to `vm`: the host driver and the container parked, the VM back as `fresh_state`."""
+    back, _, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
 
     assert (back[DRIVER_PARK], back[CT_PARK]) == ("success", "success")
     # The VM exists: its image is not looked at again.
@@ -464,9 +484,23 @@ def test_switch_vm_baremetal_lxc_vm_ends_as_a_fresh_vm_deploy(
         f"install ok installed {DRIVER}-1"
     )
     assert "blacklist nvidia\n" in (fresh_state["files"]["/etc/modprobe.d/pvegpu-vfio.conf"] or "")
-    settled, _, _ = site(pyinfra_cli, monkeypatch, node, "vm", more=CONTAINER)
+    settled, _, _ = site(cli, monkeypatch, node, "vm", more=CONTAINER)
     assert set(settled.values()) == {"no_change"}
     assert reboots(node) == 4
+
+
+STORE = "/var/lib/pvegpu/models/GLM-5-NVFP4-MTP"  # the node's model store (inventory/lab.py `model`)
+
+
+def hub_gets(node: hosts.LabHost) -> list[str]:
+    """The files the node's stand-in hub sent (lab/hub.py: each GET of a file's bytes), in order."""
+    log = node.state_dir / "hub" / "requests.jsonl"
+    requests = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [
+        str(r["path"]).rsplit("/", 1)[1]
+        for r in requests
+        if r["method"] == "GET" and "/resolve/" in str(r["path"]) and r["status"] in (200, 206)
+    ]
 
 
 def serves_with_p2p(container_env: str) -> None:

@@ -18,7 +18,6 @@ _READERS = (
     "pvegpu.operations.nvidia",
     "pvegpu.operations.sglang",
     "pvegpu.operations.nccl_topo",
-    "pvegpu.operations.model_fetch",
 )
 
 

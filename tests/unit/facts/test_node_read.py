@@ -4,6 +4,7 @@ against each part's own fact, and the parser's refusals."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from pvegpu.facts.cpu import CpuAndKernel
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.hardware import PciHardware
 from pvegpu.facts.host_driver import HostDriverFiles
+from pvegpu.facts.model_store import ModelStoreRead
 from pvegpu.facts.node_read import (
     ImageDigest,
     NodeStateRequest,
@@ -26,6 +28,7 @@ from pvegpu.facts.pvegpu_boot import PvegpuBootFiles
 from pvegpu.hook.bundle import BUNDLE_PATH
 from pvegpu.models.boot import BootLoaderKind, CpuKernel
 from pvegpu.models.host_driver import UnitState
+from pvegpu.models.model_store import ModelRecord
 from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
 from tests.unit.fuzz_targets import fixture
 
@@ -284,3 +287,33 @@ def test_refused_pve_part(tail: tuple[str, ...], message: str) -> None:
     with pytest.raises(FactParseError) as error:
         parse_node_state((*SAMPLE[:-1], *tail, SAMPLE[-1]))
     assert str(error.value) == message
+
+
+def test_the_model_part_brings_the_stores_record_and_files(tmp_path: Path) -> None:
+    """Only when requested: the fetcher's record and the store's files (its `.pvegpu/` left out), as the
+    doctor's own read gives them; a store not there yet reads as no record and no directory."""
+    store = tmp_path / "GLM 5"
+    (store / ".pvegpu/partial").mkdir(parents=True)
+    (store / "config.json").write_text("{}")
+    (store / ".pvegpu/partial/x.part").write_bytes(b"12")
+    record: dict[str, object] = {
+        "repo": "a/b",
+        "revision": None,
+        "commit": "c" * 40,
+        "complete": True,
+        "files": {},
+    }
+    (store / ".pvegpu/model.json").write_text(json.dumps(record))
+    done = run(node_read_command(NodeStateRequest(model_store=str(store))))
+    assert done.returncode == 0, done.stderr
+    state = parse_node_state(done.stdout.splitlines())
+    assert state.model == ModelStoreRead().process(
+        run(ModelStoreRead().command(str(store))).stdout.splitlines()
+    )
+    assert state.model is not None
+    assert state.model[0] == ModelRecord("a/b", None, "c" * 40, True, {})
+    assert sorted(state.model[1] or {}) == ["config.json"]
+    absent = run(node_read_command(NodeStateRequest(model_store=str(tmp_path / "none"))))
+    assert parse_node_state(absent.stdout.splitlines()).model == (None, None)
+    assert "#pvegpu-node:model" not in node_read_command(NodeStateRequest())
+    assert parse_node_state(SAMPLE).model is None

@@ -18,7 +18,7 @@ from lab.standins import hf_hub
 from pvegpu.fetch import main as fetch
 from pvegpu.models import model_store
 from pvegpu.models.sglang import SglangSpec
-from pvegpu.plan.model_fetch import fetch_config
+from pvegpu.plan.model_fetch import fetch_config, serving_fetch_target
 from pvegpu.plan.model_fetch import size_text as plan_size_text
 
 REPO = "zai-org/GLM-5-NVFP4"
@@ -56,7 +56,9 @@ def run(endpoint: str, store: Path, revision: str | None = None) -> tuple[int, l
     """The fetcher on the config a run writes for it (`plan.model_fetch.fetch_config` of the spec)."""
     config = store.parent / "fetch.json"
     spec = SglangSpec(model_path=str(store), model_repo=REPO, model_revision=revision, hf_endpoint=endpoint)
-    config.write_text(fetch_config(spec))
+    target = serving_fetch_target(spec)
+    assert target is not None
+    config.write_text(fetch_config(target))
     printed: list[str] = []
     return fetch.main(["main.py", str(config)], printed.append), printed
 

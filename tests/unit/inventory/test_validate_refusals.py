@@ -40,7 +40,9 @@ SECRET_TAIL = (
     "is refused: its value is a secret, which would be readable in the unit file and on SGLang's command line"
 )
 NO_P2P = "and passed-through GPUs have no P2P"
-ROLE_KEYS = "pvegpu reads only its role keys (node, pve_host, sglang, vm, driver, bench, pve, lxc, mapping)"
+ROLE_KEYS = (
+    "pvegpu reads only its role keys (node, pve_host, sglang, vm, driver, bench, pve, lxc, mapping, model)"
+)
 
 
 def cmdline(*tokens: str) -> dict[str, object]:

@@ -61,6 +61,7 @@ def test_defaults_serve_glm5_nvfp4_tp8_on_loopback() -> None:
         "model_revision": None,
         "hf_endpoint": None,
         "hf_token_file": None,
+        "model_share": None,
         "start_timeout_s": 1200,
     }
 
@@ -204,7 +205,10 @@ def test_readme_rows_come_from_the_descriptions() -> None:
         "Absolute path of the model directory on the serving host (`--model-path`). |"
     )
     assert rows[8].startswith("| `sglang.mem_fraction_static` | number | `0.88` | ")
-    assert rows[-9].startswith("| `sglang.env` | mapping of string to string | `{}` | ")
+    assert rows[-10].startswith("| `sglang.env` | mapping of string to string | `{}` | ")
+    assert rows[-2].startswith(
+        "| `sglang.model_share` | one of `virtiofs`, `bind`, `local` or `None` | `None` | "
+    )
     assert rows[-1].startswith("| `sglang.start_timeout_s` | integer | `1200` | ")
     assert all(info.description for info in SglangSpec.model_fields.values())
 

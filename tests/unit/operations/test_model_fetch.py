@@ -4,7 +4,6 @@ venv's exact command, then the wait (which starts or attaches to the unit)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,18 +11,20 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.exceptions import OperationError
 
-from pvegpu.facts.host_read import HostState
+from pvegpu.facts.model_store import parse_model_record
 from pvegpu.fetch import main as fetcher
-from pvegpu.models.model_store import StoreFile
-from pvegpu.models.sglang import SglangSpec
+from pvegpu.models.model_store import FetchTarget, ModelRecord, StoreFile
 from pvegpu.operations import model_fetch as model_fetch_op
 from pvegpu.operations.model_fetch import fetcher_source, model_fetch, wait_for_fetch
-from tests.unit.host_states import decide_from, host_state
 from tests.unit.op_harness import run_op
 
-SPEC = SglangSpec(
-    model_path="/models/GLM-5-NVFP4",
-    model_repo="nvidia/GLM-5-NVFP4",
+TARGET = FetchTarget(
+    repo="nvidia/GLM-5-NVFP4",
+    revision=None,
+    endpoint=None,
+    token_file=None,
+    path="/models/GLM-5-NVFP4",
+    user="sglang",
     pip_args=("--no-index", "--find-links", "/srv/wheels"),
 )
 COMMIT = "b" * 40
@@ -43,14 +44,13 @@ HUB_VENV = (
 )
 
 
-def state(record: dict[str, object] | None, store: dict[str, StoreFile] | None) -> HostState:
-    text = None if record is None else json.dumps(record)
-    return replace(host_state(), records={"/models/GLM-5-NVFP4/.pvegpu/model.json": text}, store=store)
+def read(record: dict[str, object] | None) -> ModelRecord | None:
+    return parse_model_record(None if record is None else json.dumps(record))
 
 
-def test_noop_when_every_verified_file_is_as_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    decide_from(monkeypatch, state(RECORD, {"config.json": StoreFile(10, 5)}))
-    assert run_op(model_fetch, {}, spec=SPEC) == (
+def test_noop_when_every_verified_file_is_as_recorded() -> None:
+    files = {"config.json": StoreFile(10, 5)}
+    assert run_op(model_fetch, {}, target=TARGET, record=read(RECORD), files=files) == (
         [],
         [f"/models/GLM-5-NVFP4: nvidia/GLM-5-NVFP4@{COMMIT}: 1 files, 10 B, verified"],
     )
@@ -61,10 +61,9 @@ def test_noop_when_every_verified_file_is_as_recorded(monkeypatch: pytest.Monkey
     [(None, None), (RECORD, {"config.json": StoreFile(10, 6)}), ({**RECORD, "complete": False}, {})],
 )
 def test_otherwise_the_hub_venv_then_the_wait(
-    monkeypatch: pytest.MonkeyPatch, record: dict[str, object] | None, store: dict[str, StoreFile] | None
+    record: dict[str, object] | None, store: dict[str, StoreFile] | None
 ) -> None:
-    decide_from(monkeypatch, state(record, store))
-    commands, noops = run_op(model_fetch, {}, spec=SPEC)
+    commands, noops = run_op(model_fetch, {}, target=TARGET, record=read(record), files=store)
     assert (commands[0], noops) == (HUB_VENV, [])
     assert isinstance(commands[1], FunctionCommand)
     assert len(commands) == 2

@@ -240,6 +240,7 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         runtime_directory="sglang",
         exec_start_pre="/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
         exec_start="/v/bin/sglang serve --config /run/sglang/secrets.yaml",
+        store_mount=None,
     )
     assert text.splitlines()[7:17] == [
         "User=sglang",
@@ -308,3 +309,27 @@ def test_error_driver_plan_refuses_the_proprietary_flavour_on_blackwell_and_an_u
     assert str(error.value).startswith(
         "driver: debian 11 is not a distribution NVIDIA's CUDA repository serves"
     )
+
+
+def test_unit_file_of_the_nodes_mounted_store_needs_the_mount() -> None:
+    text = render(
+        "sglang/sglang.service.j2",
+        sglang_version="0.5.23",
+        served_model_name="glm-5",
+        model_path="/srv/models/GLM-5",
+        user="sglang",
+        env_file="/etc/pvegpu/sglang.env",
+        credentials=(),
+        runtime_directory="sglang",
+        exec_start_pre=None,
+        exec_start="/v/bin/sglang serve",
+        store_mount="srv-models-GLM\\x2d5.mount",
+    )
+    assert text.splitlines()[:6] == [
+        "# Managed by pvegpu (role sglang). SGLang 0.5.23 serving glm-5 from /srv/models/GLM-5.",
+        "[Unit]",
+        "Description=SGLang serving glm-5",
+        "Wants=network-online.target",
+        "After=network-online.target nvidia-persistenced.service",
+        "RequiresMountsFor=/srv/models/GLM-5",
+    ]

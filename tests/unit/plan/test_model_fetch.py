@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from pvegpu.models.doctor import Finding
-from pvegpu.models.model_store import FetchStatus, ModelRecord, StoreFile
+from pvegpu.models.model import ModelSpec
+from pvegpu.models.model_store import FetchStatus, FetchTarget, ModelRecord, StoreFile
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.plan.model_fetch import (
     complete_line,
@@ -15,13 +17,49 @@ from pvegpu.plan.model_fetch import (
     fetch_exec_start,
     fetch_reason,
     model_findings,
+    node_fetch_target,
     progress_line,
+    serving_fetch_target,
 )
 
-SPEC = SglangSpec(model_path="/models/GLM-5-NVFP4", model_repo="nvidia/GLM-5-NVFP4")
+SGLANG = SglangSpec(model_path="/models/GLM-5-NVFP4", model_repo="nvidia/GLM-5-NVFP4")
+_SPEC = serving_fetch_target(SGLANG)
+assert _SPEC is not None
+SPEC: FetchTarget = _SPEC
 COMMIT = "a" * 40
 FILES = {"config.json": StoreFile(2048, 1_700_000_000_123_456_789), "model.safetensors": StoreFile(10**9, 7)}
 RECORD = ModelRecord("nvidia/GLM-5-NVFP4", None, COMMIT, True, FILES)
+
+
+def test_the_serving_hosts_own_target_and_the_nodes_store_target() -> None:
+    assert (
+        FetchTarget(
+            repo="nvidia/GLM-5-NVFP4",
+            revision=None,
+            endpoint=None,
+            token_file=None,
+            path="/models/GLM-5-NVFP4",
+            user="sglang",
+        )
+        == SPEC
+    )
+    assert serving_fetch_target(SglangSpec()) is None
+    node = ModelSpec.model_validate(
+        {
+            "source": {"repo": "festr2/GLM-5-NVFP4-MTP", "revision": "v1", "token_file": "/root/hf-token"},
+            "pip_args": ["--index-url", "https://mirror.example.net/simple"],
+        }
+    )
+    assert node_fetch_target(node) == FetchTarget(
+        repo="festr2/GLM-5-NVFP4-MTP",
+        revision="v1",
+        endpoint=None,
+        token_file="/root/hf-token",
+        path="/var/lib/pvegpu/models/GLM-5-NVFP4-MTP",
+        user="root",
+        pip_args=("--index-url", "https://mirror.example.net/simple"),
+    )
+    assert node_fetch_target(ModelSpec.model_validate({"source": {"dir": "/tank/glm5"}})) is None
 
 
 def test_complete_when_the_record_matches_and_every_file_is_as_verified() -> None:
@@ -35,7 +73,7 @@ def test_complete_when_the_record_matches_and_every_file_is_as_verified() -> Non
     ("spec", "record", "files", "reason"),
     [
         (SPEC, None, None, "nvidia/GLM-5-NVFP4@main: not fetched yet (no record of a verified fetch)"),
-        (SPEC.model_copy(update={"model_revision": "v2"}), RECORD, FILES,
+        (replace(SPEC, revision="v2"), RECORD, FILES,
          "nvidia/GLM-5-NVFP4@v2: the record is of nvidia/GLM-5-NVFP4@main"),
         (SPEC, ModelRecord("nvidia/GLM-5-NVFP4", None, COMMIT, False, FILES), FILES,
          "nvidia/GLM-5-NVFP4@main: the last fetch did not finish"),
@@ -47,7 +85,7 @@ def test_complete_when_the_record_matches_and_every_file_is_as_verified() -> Non
     ],
 )  # fmt: skip
 def test_fetch_reason(
-    spec: SglangSpec, record: ModelRecord | None, files: dict[str, StoreFile] | None, reason: str
+    spec: FetchTarget, record: ModelRecord | None, files: dict[str, StoreFile] | None, reason: str
 ) -> None:
     assert fetch_reason(spec, record, files) == reason
 
@@ -73,7 +111,7 @@ def test_the_doctor_says_complete_as_info_else_why_and_the_next_fetch_as_a_warni
 
 
 def test_the_config_holds_no_secret_and_the_unit_runs_the_hub_venv() -> None:
-    spec = SPEC.model_copy(update={"hf_token_file": "/root/hf-token", "hf_endpoint": "http://127.0.0.1:8091"})
+    spec = replace(SPEC, token_file="/root/hf-token", endpoint="http://127.0.0.1:8091")
     assert json.loads(fetch_config(spec)) == {
         "repo": "nvidia/GLM-5-NVFP4",
         "revision": None,

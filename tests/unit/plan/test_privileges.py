@@ -38,7 +38,13 @@ def test_node_ids_from_the_specs_and_mappings() -> None:
         "id": ("gpu0", "gpu1"),
         "node": ("pve1",),
         "bridge": ("vmbr0",),
+        "dirid": (),  # no `model` data
     }
+
+
+def test_node_ids_name_the_model_stores_directory_mapping_with_vm_and_model_data() -> None:
+    data = {**DATA, "model": {"source": {"dir": "/srv/models/glm"}}}
+    assert node_ids(host_specs(data), ())["dirid"] == ("pvegpu-models",)
 
 
 def test_required_privileges_per_path_of_this_node() -> None:

@@ -9,8 +9,9 @@ from pvegpu.models.nccl import ConfSetting
 from pvegpu.models.secret_file import SecretFile, SecretFileKind
 from pvegpu.models.sglang import ProbeTarget, SglangSpec
 from pvegpu.plan.errors import PlanError
+from pvegpu.plan.model_fetch import ModelFetch, serving_fetch_target
 from pvegpu.plan.nccl import plan_nccl
-from pvegpu.plan.serving import PROFILE_NOTES, ModelFetch, ServingNccl, plan_serving
+from pvegpu.plan.serving import PROFILE_NOTES, ServingNccl, plan_serving
 
 
 def test_describe_names_the_profile_its_reason_and_settings() -> None:
@@ -77,8 +78,14 @@ def test_create_serving_plan_gives_the_probe_target_and_no_model_fetch_without_m
 
 def test_create_serving_plan_gives_the_model_fetchs_config_and_exec_start_with_model_repo() -> None:
     spec = SglangSpec(tp_size=2, api_key_file=KEY_FILE, model_repo="Qwen/Qwen3-0.6B")
-    plan = plan_serving("vm", spec, SHM, checkpoint=None, gpu_ids=GPUS, secrets=KEY_OK, conf_files={})
+    target = serving_fetch_target(spec)
+    assert target is not None
+    plan = plan_serving(
+        "vm", spec, SHM, checkpoint=None, gpu_ids=GPUS, secrets=KEY_OK, conf_files={}, fetch=target
+    )
+    assert (plan.model_directory, plan.store_mount) == (True, None)
     assert plan.model_fetch == ModelFetch(
+        target=target,
         config=(
             '{\n "dir": "/models/GLM-5-NVFP4",\n "endpoint": null,\n "repo": "Qwen/Qwen3-0.6B",\n'
             ' "revision": null,\n "workers": 8\n}\n'

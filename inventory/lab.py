@@ -5,9 +5,9 @@ host keys pvegpu generated), plus any other guest host the lab identifies itself
 own `python -m lab.guest_payload NAME`), and every container host a Proxmox lab node started for a CT
 (lab.pve.container) in group `lxc_guests`; guests of both kinds get `driver` and `sglang` data pointing at
 their local stand-in sources (lab/guest_payload.py), a container's `node.profile` is `lxc`. Each Proxmox
-node keeps the model's one store (`model`), fetched from the stand-in hub its lab hypervisor serves it
-(lab/hub.py); its VM guest, its container and the node itself on `baremetal` serve from that store, as
-inventory.py's hosts do; other guests serve the stand-in checkpoint the lab put on them.
+node under systemd (`--mode nspawn`) keeps the model's one store (`model`), fetched from the stand-in hub its
+lab hypervisor serves it (lab/hub.py); its VM guest, its container and the node itself on `baremetal` serve
+from that store, as inventory.py's hosts do; other guests serve the stand-in checkpoint the lab put on them.
 
     python -m lab up node --topology reference
     pyinfra inventory/lab.py deploy/doctor.py
@@ -162,8 +162,10 @@ def _model(node: LabHost) -> dict[str, Any]:
 
 
 def _serving(node: LabHost, profile: str) -> dict[str, Any]:
-    """A serving host's `sglang` on `profile`: the node's store, as inventory.py's hosts get it."""
-    sglang, problems = node_model_sglang(GUEST_DATA["sglang"], _model(node), profile)
+    """A serving host's `sglang` on `profile`: the node's store (when it has one, _pve), as inventory.py's
+    hosts get it."""
+    model = _model(node) if node.mode == "nspawn" else None
+    sglang, problems = node_model_sglang(GUEST_DATA["sglang"], model, profile)
     assert not problems, problems
     return sglang
 
@@ -173,7 +175,10 @@ def _pve(host: LabHost) -> dict[str, Any]:
         return {}
     serving = {"sglang": _serving(host, "baremetal")} if PROFILE == "baremetal" else {}
     container = {"lxc": CONTAINER} if PROFILE == "lxc" else {}
-    return {**PVE_DATA, "pve": _pve_api(host), "vm": _vm(host), "model": _model(host), **serving, **container}
+    # The model store's fetch runs as a systemd unit: a node started without systemd as PID 1 (`--mode netns`,
+    # the tier's quick nodes for the other roles) declares none; a real node always runs systemd.
+    model = {"model": _model(host)} if host.mode == "nspawn" else {}
+    return {**PVE_DATA, "pve": _pve_api(host), "vm": _vm(host), **model, **serving, **container}
 
 
 pve_nodes = exit_on_invalid(

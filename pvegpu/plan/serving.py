@@ -113,7 +113,7 @@ def plan_serving(
     argv = plan_sglang_argv(spec, len(gpu_ids), (*nccl.plan.argv, *recipe.argv))
     problems = (
         *profile_problems(profile, spec),
-        *key_file_problems(spec, dict(secrets)),
+        *key_file_problems(spec, dict(secrets), fetches=fetch is not None),
         *conf_file_problems(profile, nccl.plan, conf_files),
     )
     if problems:

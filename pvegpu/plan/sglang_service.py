@@ -59,21 +59,29 @@ def exec_start_pre(spec: SglangSpec) -> str | None:
     return " ".join(systemd_word(word) for word in (f"{spec.venv}/bin/python", SECRETS_SCRIPT))
 
 
-def key_files(spec: SglangSpec) -> tuple[tuple[str, str, bool], ...]:
-    """`(field, path, for_sglang)` of every secret file the serving host must hold for `spec`."""
+def key_files(spec: SglangSpec, *, fetches: bool | None = None) -> tuple[tuple[str, str, bool], ...]:
+    """`(field, path, for_sglang)` of every secret file the serving host must hold for `spec`: the hub's token
+    when the host fetches `model_repo` itself (`fetches`; None: when it may, as the state read asks: a host
+    that sees its node's store through a bind mount or in place never does, a VM guest may fall back)."""
+    may_fetch = spec.model_repo is not None and spec.model_share in (None, "virtiofs")
     files = [
         ("sglang.api_key_file", spec.api_key_file, True),
         ("sglang.admin_api_key_file", spec.admin_api_key_file, True),
-        ("sglang.hf_token_file", spec.hf_token_file if spec.model_repo else None, False),
+        (
+            "sglang.hf_token_file",
+            spec.hf_token_file if (may_fetch if fetches is None else fetches) else None,
+            False,
+        ),
     ]
     return tuple((field, path, for_sglang) for field, path, for_sglang in files if path is not None)
 
 
-def key_file_problems(spec: SglangSpec, observed: dict[str, SecretFile]) -> tuple[str, ...]:
-    """Every problem of the key files of `spec` as the host shows them (`SecretFiles` fact), one line each."""
+def key_file_problems(spec: SglangSpec, observed: dict[str, SecretFile], *, fetches: bool) -> tuple[str, ...]:
+    """Every problem of the key files of `spec` as the host shows them (`SecretFiles` fact), one line each;
+    `fetches`: whether the host fetches the model itself (then its hub token's too)."""
     return tuple(
         problem
-        for field, path, for_sglang in key_files(spec)
+        for field, path, for_sglang in key_files(spec, fetches=fetches)
         for problem in secret_file_problems(field, observed[path], for_sglang=for_sglang)
     )
 

@@ -19,7 +19,7 @@ from pvegpu.facts.secret_files import SecretFiles, parse_secret_files
 from pvegpu.models.secret_file import SecretFile, SecretFileKind, secret_file_problems
 from pvegpu.models.sglang import SglangSpec
 from pvegpu.operations.render import render
-from pvegpu.plan.sglang_service import key_file_problems
+from pvegpu.plan.sglang_service import key_file_problems, key_files
 
 KEY = "k3y-Not/Printed+="
 F = SecretFileKind.FILE
@@ -109,11 +109,23 @@ def test_dash_only_matters_to_sglang_and_every_key_file_is_checked() -> None:
     )
     observed = {"/a": file(), "/b": SecretFile("/b", SecretFileKind.MISSING), "/c": file(mode=0o640)}
     observed["/c"] = SecretFile("/c", F, 0, 0o640, 5, 1, 0, 0, 1)
-    assert key_file_problems(spec, observed) == (
+    assert key_file_problems(spec, observed, fetches=True) == (
         "sglang.admin_api_key_file: /b does not exist on the host",
         "sglang.hf_token_file: /c has mode 640: group or others may read it; it must be 0600 or stricter "
         "(chmod 600)",
     )
+    # The hub's token is the fetching host's alone: not asked of a host that reads its node's store.
+    assert key_file_problems(spec, observed, fetches=False) == (
+        "sglang.admin_api_key_file: /b does not exist on the host",
+    )
+
+
+def test_the_hub_token_is_read_where_the_model_may_be_fetched() -> None:
+    spec = SglangSpec(model_repo="o/m", hf_token_file="/c")
+    assert [path for _, path, _ in key_files(spec)] == ["/c"]
+    assert [path for _, path, _ in key_files(spec.model_copy(update={"model_share": "virtiofs"}))] == ["/c"]
+    assert key_files(spec.model_copy(update={"model_share": "bind"})) == ()
+    assert key_files(spec.model_copy(update={"model_share": "local"})) == ()
 
 
 def test_config_script_writes_the_yaml_sglang_reads(tmp_path: Path) -> None:

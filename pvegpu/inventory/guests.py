@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import cast
 
 from pvegpu.inventory.profiles import node_model_sglang
-from pvegpu.inventory.validate import KNOWN_HOSTS_KEY, H, HostEntry, exit_on_invalid
+from pvegpu.inventory.validate import KNOWN_HOSTS_KEY, H, HostEntry, exit_on_invalid, stop_on
 from pvegpu.local.guest_keys import (
     GuestKeyError,
     GuestPlace,
@@ -76,10 +76,7 @@ def exit_on_invalid_guests(hosts: H) -> H:
                 spec_of(data, SGLANG_KEY, SglangSpec),
             )
         )
-    if problems:
-        for line in problems:
-            print(line, file=sys.stderr)
-        raise SystemExit(2)
+    stop_on(problems)
     return hosts
 
 
@@ -148,10 +145,7 @@ def guests_of(pve_nodes: Sequence[HostEntry], data: Mapping[str, object] | None 
                 guest[SGLANG_KEY], model_problems = node_model_sglang(sglang, node_data[MODEL_KEY], "vm")
                 problems += [f"{node_host}: guests_of: {problem}" for problem in model_problems]
             guests.append((vm.name, guest))
-    if problems:
-        for line in problems:
-            print(line, file=sys.stderr)
-        raise SystemExit(2)
+    stop_on(problems)
     return exit_on_invalid_guests(guests)
 
 

@@ -11,12 +11,12 @@ sees the store. Pure; the result is validated by the caller (`exit_on_invalid`, 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
+from pvegpu.inventory.validate import stop_on
 from pvegpu.models.driver import DRIVER_KEY
 from pvegpu.models.model import MODEL_KEY, HubSource, ModelSpec
 from pvegpu.models.node import NODE_KEY
@@ -43,10 +43,7 @@ def serving(node_data: Mapping[str, Any], guest_data: Mapping[str, Any], profile
     data: dict[str, Any] = {**node_data, NODE_KEY: {**node_data[NODE_KEY], "profile": profile}}
     if SGLANG_KEY in guest_data:
         sglang, problems = node_model_sglang(guest_data[SGLANG_KEY], node_data.get(MODEL_KEY), profile)
-        if problems:
-            for line in problems:
-                print(f"{node_data[NODE_KEY].get('name', '?')}: {line}", file=sys.stderr)
-            raise SystemExit(2)
+        stop_on([f"{node_data[NODE_KEY].get('name', '?')}: {line}" for line in problems])
         data[SGLANG_KEY] = sglang
     if DRIVER_KEY not in data and DRIVER_KEY in guest_data:
         data[DRIVER_KEY] = guest_data[DRIVER_KEY]

@@ -96,6 +96,14 @@ def validate_inventory(hosts: Sequence[HostEntry]) -> list[tuple[str, NodeSpec]]
     return specs
 
 
+def stop_on(problems: Sequence[str]) -> None:
+    """With any problem: each line on stderr, then exit with status 2 (before pyinfra connects anywhere)."""
+    if problems:
+        for line in problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(2)
+
+
 def exit_on_invalid(hosts: H) -> H:
     """Return `hosts` unchanged if valid; else print the problem lines to stderr and exit with status 2.
 
@@ -106,9 +114,7 @@ def exit_on_invalid(hosts: H) -> H:
     try:
         validate_inventory(hosts)
     except InventoryError as error:
-        for line in error.problems:
-            print(line, file=sys.stderr)
-        raise SystemExit(2) from None
+        stop_on(error.problems)
     for warning in host_key_warnings(hosts):
         if warning not in _WARNED:  # inventories validate a host once per group it is in
             _WARNED.add(warning)

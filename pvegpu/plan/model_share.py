@@ -51,6 +51,15 @@ def no_virtiofs_line(qemu_server: tuple[int, int, int]) -> str:
     )
 
 
+def guest_fetch_line(qemu_server: tuple[int, int, int], model_path: str) -> str:
+    """What a VM guest's run says when its node's qemu-server has no virtiofs: it fetches the model."""
+    version = ".".join(map(str, qemu_server))
+    return (
+        f"model: the node's qemu-server {version} has no virtiofs (Proxmox VE 8.4+): fetched into "
+        f"{model_path} here, verified as on the node"
+    )
+
+
 @dataclass(frozen=True)
 class ModelShare:
     """The store a node's VM gets through virtiofs: the mapping `id` and the directory `path` on the node."""

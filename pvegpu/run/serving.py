@@ -37,7 +37,7 @@ from pvegpu.plan.bench import BenchPlan, SpeedSettings, plan_bench, speed_settin
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.model_fetch import fetch_reason, serving_fetch_target
 from pvegpu.plan.model_mount import mount_unit_name
-from pvegpu.plan.model_share import virtiofs_available
+from pvegpu.plan.model_share import guest_fetch_line, virtiofs_available
 from pvegpu.plan.nccl import has_infiniband, plan_nccl
 from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
 from pvegpu.plan.nccl_transports import uses_p2p
@@ -150,13 +150,9 @@ def own_fetch(target: Host) -> FetchTarget | None:
     if node_host is None:
         return None
     qemu_server = node_state_of(node_host).cpu_kernel.qemu_server
-    if virtiofs_available(qemu_server):
+    if qemu_server is None or virtiofs_available(qemu_server):
         return None
-    version = ".".join(map(str, qemu_server or ()))
-    logger.info(
-        f"{target.print_prefix}model: the node's qemu-server {version} has no virtiofs (Proxmox VE 8.4+): "
-        f"fetched into {spec.model_path} here, verified as on the node"
-    )
+    logger.info(f"{target.print_prefix}{guest_fetch_line(qemu_server, spec.model_path)}")
     return fetch
 
 

@@ -8,7 +8,8 @@ the timer's unit files and script). Output lines:
     package\\t<db:Status-Abbrev>\\t<version>
     unit\\tSubState=<state> / unit\\tUnitFileState=<state>
     timer\\tSubState=<state> / timer\\tUnitFileState=<state>
-    file\t<path>            per requested file, then `<sha256>  <path>` when it is a file
+    file\t<path>            per requested file; then `<sha256>  <path>` for each that is a file (one
+                            sha256sum for all)
 
 `parse_exporter` is pure; FactParseError names a line of another shape.
 """
@@ -41,8 +42,9 @@ def exporter_command(package: str, unit: str, files: Sequence[str]) -> str:
         "| sed 's/^/unit\\t/' || true\n"
         f"systemctl show --property SubState --property UnitFileState {GAUGES_TIMER} 2>/dev/null "
         "| sed 's/^/timer\\t/' || true\n"
-        f'for f in {paths}; do printf "file\\t%s\\n" "$f"; '
-        'if [ -f "$f" ]; then sha256sum -- "$f"; fi; done; true'
+        f'set --; for f in {paths}; do printf "file\\t%s\\n" "$f"; '
+        'if [ -f "$f" ]; then set -- "$@" "$f"; fi; done\n'
+        'if [ $# -gt 0 ]; then sha256sum -- "$@"; fi; true'
     )
 
 

@@ -5,7 +5,8 @@
 `SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`);
 `SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log;
 `SglangNcclRuns()` -> those lines of every run still in the journal, by run (`pvegpu.facts.nccl_journal`).
-The probe is one Python process on the host (urllib): `GET /health`, then `GET /v1/models` with
+The probe is one Python process on the host, a plain HTTP/1.0 client on a socket (it runs in every state
+read, and urllib's imports alone cost more CPU than the rest of it): `GET /health`, then `GET /v1/models` with
 `Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it); on a rank other
 than 0 of several nodes (its target's `leader_url`), `GET /health` there and at rank 0. Parsing is pure
 (`parse_venv`, `parse_probe`; the NCCL lines: `parse_transports`).
@@ -33,15 +34,28 @@ VERSION_SCRIPT = (
     "except m.PackageNotFoundError:\n    print('version none')\n"
 )
 PROBE_SCRIPT = """\
-import json, sys, urllib.request
+import json, socket, sys
+from urllib.parse import urlsplit
 base, key_file, leader = sys.argv[1], sys.argv[2], sys.argv[3]
 def get(url, auth):
-    request = urllib.request.Request(url)
+    parts = urlsplit(url)
+    request = "GET " + (parts.path or "/") + " HTTP/1.0\\r\\nHost: " + parts.netloc + "\\r\\n"
     if auth and key_file:
         with open(key_file) as f:
-            request.add_header("Authorization", "Bearer " + f.read().strip())
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return response.read()
+            request += "Authorization: Bearer " + f.read().strip() + "\\r\\n"
+    with socket.create_connection((parts.hostname, parts.port or 80), timeout=5) as connection:
+        connection.sendall((request + "\\r\\n").encode())
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\\r\\n\\r\\n")
+    first = head.split(b"\\r\\n", 1)[0]
+    status = first.decode("latin-1").split(" ", 2)
+    if len(status) < 2 or not status[0].startswith("HTTP/") or not status[1].isdigit():
+        raise OSError("not an HTTP answer: " + repr(first[:60]))
+    if not status[1].startswith("2"):
+        raise OSError("HTTP Error " + status[1] + ": " + (status[2] if len(status) > 2 else ""))
+    return body
 try:
     get(base + "/health", False)
     if leader:

@@ -17,6 +17,10 @@ from pvegpu.run import pyinfra_patches
 
 Route = tuple[tuple[str, ...], Sequence[Callable[[], object]]]
 
+# At import, before the roles' modules: each fact class they define then takes pyinfra's global arguments
+# from the patch (`FactBase.__init_subclass__` evaluates them), not evaluating them again.
+pyinfra_patches.install()
+
 
 def dispatch(entry: str, routes: Sequence[Route]) -> None:
     """Run the roles of every route whose groups the current host is in; else log that it is left alone.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -111,7 +112,7 @@ def test_probe_command_runs_the_standard_library_alone_against_a_real_server(tmp
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         command = probe_command(ProbeTarget(sys.executable, base, str(key_file))).get_raw_value()
-        assert command.startswith(f"{sys.executable} -I -S -c 'import json, sys, urllib.request\n")
+        assert command.startswith(f"{sys.executable} -I -S -c 'import json, socket, sys\n")
         answered = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
         keyless = probe_command(ProbeTarget(sys.executable, base, None)).get_raw_value()
         refused = subprocess.run(["sh", "-c", keyless], capture_output=True, text=True, check=True)
@@ -119,3 +120,35 @@ def test_probe_command_runs_the_standard_library_alone_against_a_real_server(tmp
         server.shutdown()
     assert parse_probe(answered.stdout.splitlines()) == Probe(True, "glm-5")
     assert parse_probe(refused.stdout.splitlines()) == Probe(False, "HTTP Error 401: Unauthorized")
+
+
+@pytest.mark.parametrize(
+    ("answer", "detail"),
+    [
+        (
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n",
+            "HTTP Error 503: Service Unavailable",
+        ),
+        (b"SSH-2.0-OpenSSH_9.2p1\r\n", "not an HTTP answer: b'SSH-2.0-OpenSSH_9.2p1'"),
+        (b"", "not an HTTP answer: b''"),
+    ],
+)
+def test_probe_command_names_what_answered_instead_of_sglang(answer: bytes, detail: str) -> None:
+    """The probe's own HTTP/1.0 client on a raw server: a status other than 2xx as urllib named it (`HTTP
+    Error <code>: <reason>`), and anything that is not HTTP at the port with its first bytes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_once() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(answer)
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    base = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        command = probe_command(ProbeTarget(sys.executable, base, None)).get_raw_value()
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True, timeout=30)
+    finally:
+        listener.close()
+    assert parse_probe(done.stdout.splitlines()) == Probe(False, detail)

@@ -297,11 +297,10 @@ def test_noop_ready_probes_when_the_read_did_not(
 def test_error_not_ready_without_change(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pvegpu.operations.sglang.unchanged_state", lambda _host: host_state())
     with pytest.raises(OperationError) as error:
-        run_op(sglang_ready, {SglangProbe: Probe(False, "<urlopen error [Errno 111] Connection refused>")},
+        run_op(sglang_ready, {SglangProbe: Probe(False, "[Errno 111] Connection refused")},
                **READY, timeout_s=5, starting=False)  # fmt: skip
     assert str(error.value) == (
-        "sglang.service does not answer at http://127.0.0.1:30000: "
-        "<urlopen error [Errno 111] Connection refused>"
+        "sglang.service does not answer at http://127.0.0.1:30000: [Errno 111] Connection refused"
     )
 
 

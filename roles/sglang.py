@@ -4,9 +4,10 @@ System user, venv with the pinned SGLang, model directory (with `model_repo`: fe
 `pvegpu-model-fetch.service`, `pvegpu.operations.model_fetch`), `/etc/pvegpu/sglang.env`
 (0600: the NCCL plan, each variable after its reason), on a VM guest `/etc/pvegpu/nccl-topo.xml` (its GPUs'
 host NUMA nodes and PCIe links, `pvegpu.plan.nccl_topo`) and `sglang.service` from templates; the service
-restarts only when its unit, environment, topology file or venv changed, then pvegpu waits for /health
-and /v1/models. A layout that does not fit the GPUs found, an argv the pinned SGLang would refuse, an
-extra argument the profile refuses, or a key file that is missing or breaks the rules of
+restarts only when its unit, environment, topology file or venv changed, or when it runs with other files
+than those on disk (a run that stopped before restarting it: `pvegpu.plan.sglang_started`), then pvegpu waits
+for /health and /v1/models. A layout that does not fit the GPUs found, an argv the pinned SGLang would
+refuse, an extra argument the profile refuses, or a key file that is missing or breaks the rules of
 `pvegpu.models.secret_file` fails while operations are collected, before any host is changed (a running
 service keeps running). The keys reach SGLang through systemd credentials and a `--config` file
 (`pvegpu.plan.sglang_service`). What is written comes from the host's serving plan (pvegpu/plan/serving.py,
@@ -15,7 +16,7 @@ service keeps running). The keys reach SGLang through systemd credentials and a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
@@ -53,7 +54,8 @@ from pvegpu.run.serving import serving_plan_of
 
 @deploy("Serve the model with SGLang")
 def sglang() -> None:
-    """User, venv, model directory, env file, unit, start/restart when changed, wait until it answers."""
+    """User, venv, model directory, env file, unit, start/restart when changed (in this run, or since the
+    running service started: its start record), wait until it answers."""
     plan = plan_of(host)
     profile, spec = plan.specs.node.profile, plan.specs.sglang
     with plan_failures(host):
@@ -67,14 +69,19 @@ def sglang() -> None:
         _model(serving.model_fetch, *model_read(host, spec.model_path))
     unit, written = _service_files(profile, spec, serving)
     changes = [*written, venv, *mounted]
-    systemd.daemon_reload(name="Reload systemd's units", _if=any_changed(unit))
-    # Start-or-restart first, gated by the changes; then the unconditional "running and enabled", which then
-    # finds it running: one start on a first run, one restart after a change, none otherwise.
+    if serving.restart is not None:
+        logger.info(f"{host.print_prefix}{serving.restart}")
+    # A restart the host's record asks for reloads the units too: the unit on disk may be one systemd has
+    # not loaded yet (the run that wrote it stopped before its reload).
+    systemd.daemon_reload(name="Reload systemd's units", _if=_or_pending(serving, unit))
+    # Start-or-restart first, gated by the changes or the record; then the unconditional "running and
+    # enabled", which then finds it running: one start on a first run, one restart after a change (in this
+    # run, or written by a run that stopped before restarting it), none otherwise.
     service(
         name="Start or restart SGLang (its unit, environment or venv changed)",
         service=SERVICE,
         restarted=True,
-        _if=any_changed(*changes),
+        _if=_or_pending(serving, *changes),
     )
     started = service(name="Keep SGLang enabled and running", service=SERVICE, running=True, enabled=True)
     sglang_ready(
@@ -82,8 +89,15 @@ def sglang() -> None:
         target=serving.probe,
         key_files=tuple(path for _, path in serving.credentials),  # masked in the journal lines it shows
         timeout_s=spec.start_timeout_s,
-        starting=any(op.will_change for op in (started, *changes)),
+        starting=serving.restart is not None or any(op.will_change for op in (started, *changes)),
     )
+
+
+def _or_pending(serving: ServingPlan, *ops: OperationMeta) -> Callable[[], bool]:
+    """`_if`: when one of `ops` changed the host, or the running service started from other files than
+    those on disk (`serving.restart`)."""
+    changed = any_changed(*ops)
+    return lambda: serving.restart is not None or changed()
 
 
 def _installed(spec: SglangSpec, *, model_directory: bool) -> OperationMeta:
@@ -164,6 +178,7 @@ def _unit(spec: SglangSpec, serving: ServingPlan) -> OperationMeta:
             exec_start_pre=serving.exec_start_pre,
             exec_start=serving.exec_start,
             store_mount=serving.store_mount,
+            record_start=serving.record_start,
         ),
         path=UNIT_FILE,
         mode="644",

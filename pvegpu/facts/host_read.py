@@ -23,7 +23,7 @@
               file (the nouveau blacklist: mkinitramfs copies /etc/modprobe.d, update-initramfs renames the
               new image into place, so an older image lacks it)
     records   only when some are requested: per small file read whole (the P2P probe's record; in a VM,
-              the NCCL conf files; the checkpoint's config.json),
+              the NCCL conf files; the checkpoint's config.json; what SGLang started from),
               `<base64 of its content>\t<path>`, or `missing\t<path>` (not a regular file)
     layers    only when requested: the `model.layers.N` numbers of a checkpoint's weight index (sorted,
               one a line), or `missing` (no index): whether it holds the MTP layer, without reading the

@@ -23,18 +23,22 @@ from pvegpu.models.secret_file import SecretFile
 from pvegpu.models.sglang import ProbeTarget, SglangSpec
 from pvegpu.plan.errors import PlanError
 from pvegpu.plan.model_fetch import ModelFetch, fetch_plan
-from pvegpu.plan.model_mount import mount_unit_name
+from pvegpu.plan.model_mount import SYSTEMD_UNITS, mount_unit_name
 from pvegpu.plan.nccl import NcclPlan, Profile, conf_file_problems
-from pvegpu.plan.nccl_topo import NcclTopo
+from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo
 from pvegpu.plan.recipe import RecipePlan, plan_recipe
 from pvegpu.plan.sglang import plan_sglang_argv, profile_problems
 from pvegpu.plan.sglang_service import (
+    ENV_FILE,
+    SECRETS_SCRIPT,
+    UNIT_FILE,
     credentials,
     exec_start,
     exec_start_pre,
     key_file_problems,
     probe_target,
 )
+from pvegpu.plan.sglang_started import record_start
 
 _P2P_NOTE = (
     "the host driver gives P2P between the GPUs; NCCL_P2P_LEVEL lets NCCL use it across root complexes"
@@ -78,7 +82,10 @@ class ServingPlan:
     readiness probe's target (plan/sglang_service.py `probe_target`); `model_fetch`: this host's own model
     fetch (None: nothing fetched here: no `sglang.model_repo`, or the node's store serves it);
     `model_directory`: whether pvegpu makes `model_path` (not where the node's store is mounted or is);
-    `store_mount`: the mount unit of the node's store in a VM guest (plan/model_mount.py), else None."""
+    `store_mount`: the mount unit of the node's store in a VM guest (plan/model_mount.py), else None;
+    `started_files`: every file the service starts from, whose digests it records at start (`record_start`,
+    plan/sglang_started.py); `restart`: why the running service must restart though this run writes none of
+    them (set from the host's state read by pvegpu/run/serving.py), else None."""
 
     nccl: ServingNccl
     recipe: RecipePlan
@@ -92,6 +99,13 @@ class ServingPlan:
     model_fetch: ModelFetch | None
     model_directory: bool = True
     store_mount: str | None = None
+    started_files: tuple[str, ...] = ()
+    restart: str | None = None
+
+    @property
+    def record_start(self) -> str:
+        """The unit's first `ExecStartPre=`: the digests of `started_files` at every start."""
+        return record_start(self.started_files)
 
 
 def plan_serving(
@@ -119,6 +133,7 @@ def plan_serving(
     if problems:
         raise PlanError("\n".join(problems))
     shared = spec.model_share if fetch is None else None  # a fallback fetch makes its own directory
+    store_mount = mount_unit_name(spec.model_path) if shared == "virtiofs" else None
     return ServingPlan(
         nccl=nccl,
         recipe=recipe,
@@ -131,5 +146,12 @@ def plan_serving(
         probe=probe_target(spec),
         model_fetch=None if fetch is None else fetch_plan(fetch),
         model_directory=shared is None,
-        store_mount=mount_unit_name(spec.model_path) if shared == "virtiofs" else None,
+        store_mount=store_mount,
+        started_files=(
+            UNIT_FILE,
+            ENV_FILE,
+            SECRETS_SCRIPT,
+            *([] if nccl.topo is None else [TOPO_FILE]),
+            *([] if store_mount is None else [f"{SYSTEMD_UNITS}/{store_mount}"]),
+        ),
     )

@@ -54,6 +54,7 @@ from pvegpu.plan.nccl_topo import TOPO_FILE
 from pvegpu.plan.node import NodePlan
 from pvegpu.plan.profile import NodeSteps, ServingSteps, serving_steps
 from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, key_files, probe_target
+from pvegpu.plan.sglang_started import STARTED_RECORD
 from pvegpu.run.plan import node_host_of, plan_of, planned, provide_hardware
 from pvegpu.run.progress import commands_run
 
@@ -168,6 +169,7 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
             *nccl_conf_paths(specs),
             *(checkpoint_records(spec.model_path) if checkpoint else ()),
             *([record_path(spec.model_path)] if fetched else []),
+            STARTED_RECORD,
         ),
         weight_index=f"{spec.model_path}/{WEIGHT_INDEX}" if checkpoint else None,
         model_store=spec.model_path if fetched else None,

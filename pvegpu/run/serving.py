@@ -7,7 +7,8 @@ it). The plan (pvegpu/plan/nccl.py) follows the host's profile; on a VM guest al
 node's `vm.p2p` and the probe's record in the guest's state read (pvegpu/plan/p2p.py `guest_uses_p2p`).
 
 `serving_plan_of(host)`: the whole service's plan (pvegpu/plan/serving.py `ServingPlan`: NCCL, recipe, argv,
-what the unit and env file are rendered from), which the sglang role reads. It is not part of `plan_of`:
+what the unit and env file are rendered from, and whether the running service started from other files than
+those on disk: plan/sglang_started.py), which the sglang role reads. It is not part of `plan_of`:
 the host's state read, which it needs (checkpoint, key files, NCCL conf files), is itself requested from
 `plan_of` (pvegpu/run/host_state.py `state_request`).
 
@@ -43,6 +44,8 @@ from pvegpu.plan.nccl_topo import TOPO_FILE, NcclTopo, plan_nccl_topo
 from pvegpu.plan.nccl_transports import uses_p2p
 from pvegpu.plan.p2p import guest_uses_p2p
 from pvegpu.plan.serving import ServingNccl, ServingPlan, plan_serving
+from pvegpu.plan.sglang_service import SERVICE
+from pvegpu.plan.sglang_started import STARTED_RECORD, restart_reason
 from pvegpu.run.host_state import model_read, nccl_conf_files, node_p2p, serving_checkpoint, state_of
 from pvegpu.run.node_state import node_state_of
 from pvegpu.run.plan import node_host_of, plan_of
@@ -88,9 +91,20 @@ def serving_plan_of(target: Host) -> ServingPlan:
             conf_files=nccl_conf_files(state, specs),
             fetch=fetch,
         )
+        plan = replace(plan, restart=_restart(plan, state))
         _node_store_complete(target, fetch)
         plans[target.name] = plan
     return plan
+
+
+def _restart(plan: ServingPlan, state: HostState) -> str | None:
+    """Why the running service must restart though the files it starts from are on disk as planned: its
+    start record (plan/sglang_started.py) shows others; a file this run writes restarts it anyway."""
+    unit = state.units.get(SERVICE)
+    on_disk = {path: state.path(path).sha256 for path in plan.started_files}
+    return restart_reason(
+        state.records.get(STARTED_RECORD), on_disk, running=unit is not None and unit.running
+    )
 
 
 def _checkpoint(target: Host, state: HostState, fetch: FetchTarget | None) -> Checkpoint | None:

@@ -1,7 +1,8 @@
 """The guest roles (deploy/guest.py) against a lab VM guest: a Q35-shaped nspawn host (lab.pve.guest) with
 the stand-in NVIDIA apt repository and SGLang wheel (lab/guest_payload.py). Converge, then no change and no
-restart; one SGLang setting changed restarts once; the VM env file never enables P2P; bad data stops before
-pyinfra connects. The API key and its files: tests/lab/test_lab_secrets.py."""
+restart; one SGLang setting changed restarts once, also when the run that wrote it stopped before the restart;
+the VM env file never enables P2P; bad data stops before pyinfra connects. The API key and its files:
+tests/lab/test_lab_secrets.py."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ DEPLOY = "deploy/guest.py"
 _names = (f"g{os.getpid() % 10000}n{k}" for k in itertools.count(1))
 
 PyinfraCli = Callable[..., subprocess.CompletedProcess[str]]
+WRAPPER = "/usr/local/sbin/systemctl"  # ahead of /usr/bin on root's PATH
+# The operations of one restart of SGLang, in order.
+RESTART = [
+    "Reload systemd's units",
+    "Start or restart SGLang (its unit, environment or venv changed)",
+    "Wait for SGLang to answer",
+]
+REFUSE_RESTART = (
+    "#!/bin/sh\n"
+    'case " $* " in *" restart "*sglang*) echo "lab: restart refused" >&2; exit 1;; esac\n'
+    'exec /usr/bin/systemctl "$@"\n'
+)
 LabSsh = Callable[[hosts.LabHost, str], str]
 
 
@@ -76,7 +89,7 @@ def starts(lab_ssh: LabSsh, guest: hosts.LabHost) -> int:
     return sum(line.startswith(started) for line in journal.splitlines())
 
 
-def test_create_converges_then_noop_then_one_setting_restarts_once(
+def test_create_converges_then_noop_then_one_setting_restarts_once_even_after_a_stopped_run(
     guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = deploy(pyinfra_cli, monkeypatch, guest, {})
@@ -105,15 +118,39 @@ def test_create_converges_then_noop_then_one_setting_restarts_once(
     third = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.85}})
 
     assert third.rc == 0, third.stderr
-    assert third.changed() == [
-        "Write sglang.service",
-        "Reload systemd's units",
-        "Start or restart SGLang (its unit, environment or venv changed)",
-        "Wait for SGLang to answer",
-    ]
+    assert third.changed() == ["Write sglang.service", *RESTART]
     assert starts(lab_ssh, guest) == 2
     unit = lab_ssh(guest, "cat /etc/systemd/system/sglang.service")
     assert " --mem-fraction-static 0.85 " in unit
+
+    # A run that writes the next setting and stops before the restart (here systemctl refuses it): SGLang
+    # keeps running what it started from; the next run writes nothing and restarts it from its start record.
+    lab_ssh(guest, f"cat > {WRAPPER} <<'EOF'\n{REFUSE_RESTART}EOF\nchmod 755 {WRAPPER}")
+    try:
+        stopped = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.8}})
+    finally:
+        lab_ssh(guest, f"rm -f {WRAPPER}")
+
+    # pyinfra prints no JSON when the host fails: the run's lines say what it did.
+    assert stopped.rc != 0
+    assert f"Write sglang.service \n    [{guest.name}] Success" in stopped.stderr
+    assert f"[{guest.name}] lab: restart refused" in stopped.stderr
+    assert " --mem-fraction-static 0.8 " in lab_ssh(guest, "cat /etc/systemd/system/sglang.service")
+    assert starts(lab_ssh, guest) == 2
+
+    finished = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.8}})
+
+    assert finished.rc == 0, finished.stderr
+    assert finished.changed() == RESTART
+    assert (
+        "sglang.service runs with another /etc/systemd/system/sglang.service than the one on disk (a run "
+        "stopped before restarting it): restarting it"
+    ) in finished.stderr
+    assert starts(lab_ssh, guest) == 3
+    assert " --mem-fraction-static 0.8 " in lab_ssh(guest, "systemctl show -p ExecStart --value sglang")
+    again = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.8}})
+    assert (again.rc, again.changed()) == (0, [])
+    assert starts(lab_ssh, guest) == 3
 
 
 RECIPE_ENV = [
@@ -151,9 +188,7 @@ def test_recipe_serves_the_stand_in_checkpoint_and_a_workload_switch_restarts_on
     assert latency.changed() == [
         "Write the service environment (NCCL settings with their reasons)",
         "Write sglang.service",
-        "Reload systemd's units",
-        "Start or restart SGLang (its unit, environment or venv changed)",
-        "Wait for SGLang to answer",
+        *RESTART,
     ]
     after = argv_of(lab_ssh, guest)
     assert [(a, b) for a, b in zip(before, after, strict=True) if a != b] == [

@@ -33,6 +33,7 @@ from pvegpu.plan.reboot import reboot_guard
 from pvegpu.plan.recipe import plan_recipe
 from pvegpu.plan.sglang import plan_sglang_argv
 from pvegpu.plan.sglang_service import exec_start, exec_start_pre
+from pvegpu.plan.sglang_started import record_start
 
 NODE = {"name": "gpu-vm", "gpus": {"ids": ["10de:2bb1"], "count": 8}}
 
@@ -241,13 +242,18 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         exec_start_pre="/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
         exec_start="/v/bin/sglang serve --config /run/sglang/secrets.yaml",
         store_mount=None,
+        record_start=record_start(("/etc/systemd/system/sglang.service", "/etc/pvegpu/sglang.env")),
     )
-    assert text.splitlines()[7:17] == [
+    assert text.splitlines()[7:19] == [
         "User=sglang",
         "Group=sglang",
         "EnvironmentFile=/etc/pvegpu/sglang.env",
         "LoadCredential=api-key:/root/key",
         "LoadCredential=admin-api-key:/root/admin",
+        "# What it starts from, at every start (pvegpu/plan/sglang_started.py): a run restarts it from this "
+        "record.",
+        'ExecStartPre=-+/bin/sh -c "sha256sum -z -- \\"$$@\\" > /run/pvegpu-sglang.started" sh '
+        "/etc/systemd/system/sglang.service /etc/pvegpu/sglang.env",
         "RuntimeDirectory=sglang",
         "RuntimeDirectoryMode=0700",
         "ExecStartPre=/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
@@ -324,6 +330,7 @@ def test_unit_file_of_the_nodes_mounted_store_needs_the_mount() -> None:
         exec_start_pre=None,
         exec_start="/v/bin/sglang serve",
         store_mount="srv-models-GLM\\x2d5.mount",
+        record_start=record_start(("/etc/systemd/system/srv-models-GLM\\x2d5.mount",)),
     )
     assert text.splitlines()[:6] == [
         "# Managed by pvegpu (role sglang). SGLang 0.5.23 serving glm-5 from /srv/models/GLM-5.",
@@ -333,3 +340,8 @@ def test_unit_file_of_the_nodes_mounted_store_needs_the_mount() -> None:
         "After=network-online.target nvidia-persistenced.service",
         "RequiresMountsFor=/srv/models/GLM-5",
     ]
+    # systemd unquotes the doubled backslash to the unit name's one: the record names the file itself.
+    assert (
+        'ExecStartPre=-+/bin/sh -c "sha256sum -z -- \\"$$@\\" > /run/pvegpu-sglang.started" sh '
+        '"/etc/systemd/system/srv-models-GLM\\\\x2d5.mount"'
+    ) in text.splitlines()

@@ -34,6 +34,7 @@ def test_the_p2p_record_is_read_only_when_vm_p2p_is_not_off() -> None:
         "/etc/nccl.conf",
         "/models/GLM-5-NVFP4/config.json",  # the checkpoint's, for sglang.recipe
         "/models/GLM-5-NVFP4/hf_quant_config.json",
+        "/run/pvegpu-sglang.started",  # what SGLang started from (pvegpu/plan/sglang_started.py)
     )
     assert [state_request(guest, mode).records for mode in (None, "off", "probe", "on")] == [
         conf,

@@ -3,6 +3,7 @@ medians and minimums of several runs, interleaved where two things are compared)
 `bash lab/bootstrap.sh`:
 
     .venv/bin/python scripts/bench.py [--hosts 1 8] [--runs 5] [--nodes 1 16] [--site-runs 7] [--before DIR]
+                                      [--pin]
 
 1. doctor: a no-op `pyinfra inventory/lab.py deploy/doctor.py` against 1 and 8 lab hosts (`bench1`...), and
    the remote commands pyinfra runs per host (`--hosts` with no count skips it).
@@ -19,6 +20,9 @@ medians and minimums of several runs, interleaved where two things are compared)
    commands per host on every SSH connection, from one `--debug-all` run: pyinfra's `Running command on
    <host>` lines, and pvegpu.pve's `Running pvesh on <address>` lines (proxmoxer's connection to the node)
    (`--site-runs 0` skips it).
+   With `--pin`, the site and floor runs again with pyinfra on one CPU and the lab's hosts (their processes,
+   the Proxmox stand-in's companion) on the others: as remote hosts are, which do not share the CPUs pyinfra
+   runs on (the state reads sent ahead, pvegpu/run/early_read.py, then run beside pyinfra's own work).
 4. with `--before DIR`, a checkout of an older commit (`git worktree add /tmp/before 3fbdbde`): its no-op
    `deploy/site.py` (run in DIR with DIR first on PYTHONPATH, so that its pvegpu shadows this checkout's
    editable install) against this checkout's, interleaved, on the same converged node + guest. Every timed
@@ -57,7 +61,9 @@ SITE = "deploy/site.py"
 HOST = "deploy/host.py"
 HOST_NODE = "hnode"  # the host section's Proxmox lab nodes: hnode1, hnode2...
 FLOOR = "scripts/bench_floor.py"
-COMMAND_LINE = re.compile(r"Running command on (\S+):")
+# pyinfra's line for each command it runs; a state read sent ahead that the run did not take ran as well
+# (pvegpu/run/early_read.py; one it takes is the command pyinfra's line names).
+COMMAND_LINE = re.compile(r"Running command on (\S+):|Dropped the read sent ahead on (\S+):")
 PVESH_LINE = re.compile(r"Running pvesh on (\S+):")
 REPORT_LINE = re.compile(r"\[(\S+)\] GPU topology of node")
 # pyinfra's summary: op-host pairs, changed, failed, unchanged ("-" for none).
@@ -65,20 +71,36 @@ GRAND_TOTAL = re.compile(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$",
 CONVERGE_RUNS = 5
 
 
-def pyinfra(deploy: str, *extra: str, checkout: Path = REPO) -> tuple[float, str]:
-    """(wall seconds, output) of `pyinfra -y inventory/lab.py DEPLOY` run in `checkout`; SystemExit on
-    failure. Another checkout than this one goes first on PYTHONPATH (its pvegpu, lab and roles)."""
+def pyinfra(
+    deploy: str, *extra: str, checkout: Path = REPO, cpus: set[int] | None = None
+) -> tuple[float, str]:
+    """(wall seconds, output) of `pyinfra -y inventory/lab.py DEPLOY` run in `checkout` (on `cpus` when
+    given); SystemExit on failure. Another checkout than this one goes first on PYTHONPATH (its pvegpu, lab
+    and roles)."""
     argv = [str(PYINFRA), "-y", *extra, "inventory/lab.py", deploy]
     env = dict(os.environ)
     if checkout != REPO:
         env["PYTHONPATH"] = str(checkout)
     started = time.perf_counter()
-    done = subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        argv,
+        cwd=checkout,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
+    )
     elapsed = time.perf_counter() - started
     output = done.stdout + done.stderr
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} in {checkout} failed ({done.returncode}):\n{output}")
     return elapsed, output
+
+
+def ran(output: str) -> list[str]:
+    """The host of each command a debug log shows run (`COMMAND_LINE`)."""
+    return [ran or dropped for ran, dropped in COMMAND_LINE.findall(output)]
 
 
 def changed(output: str) -> str:
@@ -89,9 +111,9 @@ def changed(output: str) -> str:
     return str(totals[0][1])
 
 
-def unchanged(deploy: str, checkout: Path = REPO) -> float:
-    """Wall seconds of one run of `deploy` that must change nothing."""
-    elapsed, output = pyinfra(deploy, checkout=checkout)
+def unchanged(deploy: str, checkout: Path = REPO, cpus: set[int] | None = None) -> float:
+    """Wall seconds of one run of `deploy` (on `cpus` when given) that must change nothing."""
+    elapsed, output = pyinfra(deploy, checkout=checkout, cpus=cpus)
     if changed(output) != "-":
         raise SystemExit(f"{deploy} in {checkout} changed something; not a no-op run:\n{output}")
     return elapsed
@@ -108,16 +130,19 @@ def timing_row(label: str, times: Sequence[float]) -> list[str]:
     return [label, str(len(times)), f"{statistics.median(times):.2f}", f"{min(times):.2f}"]
 
 
-def interleaved(runs: int, first: tuple[str, Path], second: tuple[str, Path]) -> tuple[list[float], ...]:
-    """`runs` no-op runs of each (deploy, checkout), alternating which goes first, after one warm-up each."""
+def interleaved(
+    runs: int, first: tuple[str, Path], second: tuple[str, Path], cpus: set[int] | None = None
+) -> tuple[list[float], ...]:
+    """`runs` no-op runs of each (deploy, checkout), alternating which goes first, after one warm-up each
+    (pyinfra on `cpus` when given)."""
     pair = (first, second)
     for deploy, checkout in pair:
-        unchanged(deploy, checkout)
+        unchanged(deploy, checkout, cpus)
     times: tuple[list[float], list[float]] = ([], [])
     for round_ in range(runs):
         order = (0, 1) if round_ % 2 == 0 else (1, 0)
         for index in order:
-            times[index].append(unchanged(*pair[index]))
+            times[index].append(unchanged(*pair[index], cpus))
     return times
 
 
@@ -144,7 +169,7 @@ def measure_doctor(count: int, runs: int) -> list[str]:
             started = time.perf_counter()
             doctor(names)
             times.append(time.perf_counter() - started)
-        counts = Counter(COMMAND_LINE.findall(doctor(names, "--debug")))
+        counts = Counter(ran(doctor(names, "--debug")))
     finally:
         for name in names:
             hosts.down(name)
@@ -237,22 +262,42 @@ def remote_commands(deploy: str, names: Sequence[str]) -> dict[str, tuple[int, i
     if changed(output) != "-":
         raise SystemExit(f"{deploy} changed something; not a no-op run:\n{output}")
     addresses = {host.address: host.name for host in hosts.list_hosts()}
-    pyinfra_counts = Counter(COMMAND_LINE.findall(output))
+    pyinfra_counts = Counter(ran(output))
     pvesh_counts = Counter(addresses[address] for address in PVESH_LINE.findall(output))
     if set(pyinfra_counts) != set(names):
         raise SystemExit(f"{deploy} ran commands on {sorted(pyinfra_counts)}, not {sorted(names)}:\n{output}")
     return {name: (pyinfra_counts[name], pvesh_counts[name]) for name in names}
 
 
-def measure_site(runs: int, before: Path | None) -> None:
-    try:
-        converge_site()
-        site, floor = interleaved(runs, (SITE, REPO), (FLOOR, REPO))
-        counts = remote_commands(SITE, (NODE, GUEST))
-        previous = interleaved(runs, (SITE, before), (SITE, REPO)) if before is not None else None
-    finally:
-        hosts.down_all()
-    print(f"node + VM guest ({NODE}, {GUEST}), no-op runs, interleaved:")
+def host_processes() -> set[int]:
+    """Every process of the lab's hosts: each host's process tree (its sshd, and the sessions pyinfra's
+    commands run in), and the Proxmox stand-in's hypervisor companion."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+    found = {host.pid for host in hosts.list_hosts()}
+    found |= {int(path.read_text()) for path in RUN_DIR.glob("*/companion.pid")}
+    while True:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        if not children:
+            return found
+        found |= children
+
+
+def pin_hosts(cpus: set[int]) -> None:
+    """Every thread of every lab host process on `cpus` (what they start inherits it)."""
+    for pid in host_processes():
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+            except OSError:
+                continue  # exited meanwhile
+
+
+def ratio_table(site: Sequence[float], floor: Sequence[float]) -> None:
     ratio = statistics.median(site) / statistics.median(floor)
     table(
         [
@@ -262,6 +307,30 @@ def measure_site(runs: int, before: Path | None) -> None:
             (f"ratio site / floor: {ratio:.2f}", "", "", ""),
         ]
     )
+
+
+def measure_site(runs: int, before: Path | None, pin: bool) -> None:
+    cpus = os.sched_getaffinity(0)
+    pinned = None
+    try:
+        converge_site()
+        site, floor = interleaved(runs, (SITE, REPO), (FLOOR, REPO))
+        counts = remote_commands(SITE, (NODE, GUEST))
+        previous = interleaved(runs, (SITE, before), (SITE, REPO)) if before is not None else None
+        if pin:
+            pin_hosts(cpus - {min(cpus)})
+            pinned = interleaved(runs, (SITE, REPO), (FLOOR, REPO), cpus={min(cpus)})
+    finally:
+        hosts.down_all()
+    print(f"node + VM guest ({NODE}, {GUEST}), no-op runs, interleaved:")
+    ratio_table(site, floor)
+    if pinned is not None:
+        others = sorted(cpus - {min(cpus)})
+        print(
+            f"the same, pyinfra on CPU {min(cpus)} and the lab's hosts on CPU {', '.join(map(str, others))}"
+            " (remote hosts do not share the CPUs pyinfra runs on):"
+        )
+        ratio_table(*pinned)
     print(f"remote commands of a no-op {SITE} run:")
     rows = [["host", "pyinfra", "pvesh (proxmoxer)", "total"]]
     rows += [[name, str(ours), str(api), str(ours + api)] for name, (ours, api) in counts.items()]
@@ -287,7 +356,10 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, nargs="*", default=[1, 16], help="host: Proxmox node counts")
     parser.add_argument("--site-runs", type=int, default=7, help="site: timed runs of each deploy (0: skip)")
     parser.add_argument("--before", type=Path, help="site: an older checkout to compare the no-op run with")
+    parser.add_argument("--pin", action="store_true", help="site: also pyinfra, hosts on own CPUs")
     args = parser.parse_args()
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--pin puts pyinfra and the lab's hosts on different CPUs: it needs 2 or more")
     if args.before is not None and args.site_runs == 0:
         parser.error("--before compares site runs: it needs --site-runs above 0")
     os.environ["PVEGPU_LAB_RUN"] = str(RUN_DIR)  # lab.hosts and every pyinfra run read it
@@ -303,7 +375,7 @@ def main() -> int:
     if args.nodes:
         measure_host(args.nodes, args.runs)
     if args.site_runs:
-        measure_site(args.site_runs, args.before.resolve() if args.before else None)
+        measure_site(args.site_runs, args.before.resolve() if args.before else None, args.pin)
     return 0
 
 

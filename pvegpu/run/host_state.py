@@ -55,6 +55,7 @@ from pvegpu.plan.node import NodePlan
 from pvegpu.plan.profile import NodeSteps, ServingSteps, serving_steps
 from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_FILE, key_files, probe_target
 from pvegpu.plan.sglang_started import STARTED_RECORD
+from pvegpu.run.early_read import recording
 from pvegpu.run.plan import node_host_of, plan_of, planned, provide_hardware
 from pvegpu.run.progress import commands_run
 
@@ -213,7 +214,8 @@ def read_serving_host(target: Host) -> None:
     specs = host_specs(target.data)
     # What plan_node gives a host outside pve_nodes: no node steps, nothing held by vfio-pci.
     request = _request(specs, None, serving_steps(groups, waiting=None), node_p2p(target))
-    read = target.get_fact(ServingRead, sysfs_root=specs.node.sysfs_root, request=request)
+    with recording(target):
+        read = target.get_fact(ServingRead, sysfs_root=specs.node.sysfs_root, request=request)
     provide_hardware(target, read.hardware)
     states[target.name] = (commands_run(target), read.state)
 
@@ -225,7 +227,9 @@ def state_of(target: Host) -> HostState:
     cached = states.get(target.name)
     if cached is not None and cached[0] == changes:
         return cached[1]
-    state = target.get_fact(HostRead, request=state_request(plan_of(target), node_p2p(target)))
+    request = state_request(plan_of(target), node_p2p(target))
+    with recording(target):
+        state = target.get_fact(HostRead, request=request)
     states[target.name] = (changes, state)
     return state
 

@@ -38,6 +38,7 @@ from pvegpu.models.spec_validation import spec_of
 from pvegpu.models.vm import VM_KEY, ImageUrl, VmSpec
 from pvegpu.plan.host_driver import DRIVER_FILES, DRIVER_UNITS
 from pvegpu.plan.model_fetch import node_fetch_target
+from pvegpu.run.early_read import recording
 from pvegpu.run.progress import commands_run
 
 # Per run and node: the read, and how many of the node's operations had run commands when it was taken.
@@ -97,7 +98,8 @@ def node_state_of(target: Host) -> NodeState:
                 spec_of(target.data, MODEL_KEY, ModelSpec) if target.data.get(MODEL_KEY) is not None else None
             )
             request = node_request(spec_of(target.data, NODE_KEY, NodeSpec), vm, model)
-            states[target.name] = (commands_run(target), target.get_fact(NodeRead, request=request))
+            with recording(target):
+                states[target.name] = (commands_run(target), target.get_fact(NodeRead, request=request))
         return states[target.name][1]
 
 

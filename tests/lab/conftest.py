@@ -44,7 +44,7 @@ def _lab_run(run: Path) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def lab_run_dir() -> Iterator[Path]:
+def lab_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """This session's own run directory, <TEST_RUNS>/<pid>: the tier never sees (or stops) the hosts of a
     lab a user started, nor those of a concurrent session. Hosts a killed session left are stopped first."""
     for stale in sorted(TEST_RUNS.glob("*")):
@@ -53,7 +53,10 @@ def lab_run_dir() -> Iterator[Path]:
                 hosts.down_all()
             shutil.rmtree(stale)
     run = TEST_RUNS / str(os.getpid())
-    with _lab_run(run):
+    # The reads pyinfra's runs send ahead (pvegpu/run/early_read.py) stay the tier's own, outside the run
+    # directory (every folder there is a host to `python -m lab down --all`).
+    with _lab_run(run), pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         yield run
         hosts.down_all()
     if run.exists():

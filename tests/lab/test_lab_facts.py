@@ -70,7 +70,7 @@ def test_inventory_declares_each_host_as_a_node_with_strict_ssh(
             "groups": ["pve_nodes", "lab"],
             "data": {
                 # group_data/all.py: TCP_NODELAY on pyinfra's SSH connections (pvegpu/pve/nodelay.py)
-                "ssh_paramiko_connect_kwargs": {"transport_factory": "Function: nodelay_transport"},
+                "ssh_paramiko_connect_kwargs": {"transport_factory": "Function: pyinfra_transport"},
                 "node": {
                     "name": host.name,
                     "profile": "vm",

@@ -88,6 +88,11 @@ def _put(path: Path, content: str, mode: int) -> None:
     path.chmod(mode)
 
 
+def _early_reads() -> str:
+    """The state reads pyinfra runs keep for the next run (pvegpu/run/early_read.py; the tier's cache)."""
+    return (Path(os.environ["XDG_CACHE_HOME"]) / "pvegpu" / "early-reads.json").read_text()
+
+
 def test_key_only_reaches_sglang_and_bad_key_files_never_stop_it(
     guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,6 +104,8 @@ def test_key_only_reaches_sglang_and_bad_key_files_never_stop_it(
 
     assert good.returncode == 0, good.stderr
     assert KEY not in good.stdout + good.stderr
+    assert "/root/sglang-api-key" in _early_reads()  # the guest's read names the key's file...
+    assert KEY not in _early_reads()  # ...never the key
     assert (_status(lab_ssh, guest, None), _status(lab_ssh, guest, KEY)) == ("401", "200")
     assert _status(lab_ssh, guest, "wrong-key") == "401"
     info = json.loads(_get(lab_ssh, guest, "/server_info", KEY))
@@ -205,13 +212,19 @@ def test_demo_runs_show_no_secret_in_their_output_or_any_cmdline() -> None:
         output = "".join(run.stdout + run.stderr for run in runs)
         assert f"[pyinfra.connectors.ssh] Running command on {name}v100: " in output  # the debug log
         cmdlines = "\n".join(sampler.seen)
+        early_reads = _early_reads()
+        assert "#pvegpu-node:hardware" in early_reads  # the node's read, kept for the next run
         # The sampler saw the runs, on this machine and on the node (root-only writes run pvesh there).
         assert "deploy/site.py" in cmdlines
         assert "pvesh " in cmdlines
         leaks = [
             (what, where)
             for what, values in secrets.items()
-            for where, text in (("output", output), ("a /proc/<pid>/cmdline", cmdlines))
+            for where, text in (
+                ("output", output),
+                ("a /proc/<pid>/cmdline", cmdlines),
+                ("the reads kept for the next run", early_reads),
+            )
             if any(value in text for value in values)
         ]
         assert leaks == []

@@ -8,88 +8,29 @@ import runpy
 import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import paramiko
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL
 from pyinfra.api.config import Config
 from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.connectors.ssh import SSHConnector
 
 from pvegpu.pve.client import PveClient
-from pvegpu.pve.nodelay import nodelay_transport
 from pvegpu.pve.ssh import ssh_transport
+from pvegpu.run.early_read import pyinfra_transport
+from tests.unit.loopback_ssh import Server, loopback_sshd
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-@dataclass(frozen=True)
-class Server:
-    port: int
-    known_hosts: str  # a known_hosts file with the server's key
-    client_key: str  # the private key the server lets in
-
-
-def _key_file(path: Path) -> str:
-    path.write_bytes(
-        Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-        )
-    )
-    return str(path)
-
-
-class _LetIn(paramiko.ServerInterface):
-    """Accepts exactly one public key for any user."""
-
-    def __init__(self, key: paramiko.PKey) -> None:
-        self.key = key
-
-    def get_allowed_auths(self, username: str) -> str:  # noqa: ARG002
-        return "publickey"
-
-    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:  # noqa: ARG002
-        return AUTH_SUCCESSFUL if key == self.key else AUTH_FAILED
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    """A paramiko SSH server on 127.0.0.1 that lets one client key in; it serves connections until the test
-    ends."""
-    host_key = paramiko.Ed25519Key.from_private_key_file(_key_file(tmp_path / "host_key"))
-    client_key = _key_file(tmp_path / "client_key")
-    known_hosts = tmp_path / "known_hosts"
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    known_hosts.write_text(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n")
-    let_in = _LetIn(paramiko.Ed25519Key.from_private_key_file(client_key))
-    transports: list[paramiko.Transport] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # the listener was shut down: the test is over
-                return
-            transport = paramiko.Transport(conn)
-            transport.add_server_key(host_key)
-            transports.append(transport)
-            transport.start_server(server=let_in)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield Server(port, str(known_hosts), client_key)
-    listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (a close() would not)
-    thread.join(10)
-    listener.close()
-    for transport in transports:
-        transport.close()
+    """A loopback SSH server that lets one client key in, until the test ends."""
+    with loopback_sshd(tmp_path) as server:
+        yield server
 
 
 def _nodelay(sock: socket.socket) -> int:
@@ -115,16 +56,7 @@ def _group_data_all() -> dict[str, Any]:
 
 def _connected_pyinfra_host(server: Server, extra_data: dict[str, Any]) -> SSHConnector:
     """The SSH connector of a pyinfra host connected to `server`, its data completed by `extra_data`."""
-    data = {
-        "ssh_port": server.port,
-        "ssh_user": "root",
-        "ssh_key": server.client_key,
-        "ssh_known_hosts_file": server.known_hosts,
-        "ssh_strict_host_key_checking": "yes",
-        "ssh_config_file": "/dev/null",
-        **extra_data,
-    }
-    inventory = Inventory((["127.0.0.1"], data))  # type: ignore[no-untyped-call]
+    inventory = Inventory((["127.0.0.1"], {**server.host_data(), **extra_data}))  # type: ignore[no-untyped-call]
     State(inventory, Config())  # type: ignore[no-untyped-call]
     host = inventory.get_host("127.0.0.1")
     host.connect(raise_exceptions=True)
@@ -149,7 +81,7 @@ def test_pve_ssh_session_sets_tcp_nodelay(server: Server) -> None:
 
 def test_pyinfra_connection_with_the_group_data_sets_tcp_nodelay(server: Server) -> None:
     kwargs = _group_data_all()["ssh_paramiko_connect_kwargs"]
-    assert kwargs == {"transport_factory": nodelay_transport}
+    assert kwargs == {"transport_factory": pyinfra_transport}  # nodelay_transport, and the early reads
     connector = _connected_pyinfra_host(server, {"ssh_paramiko_connect_kwargs": kwargs})
     assert _nodelay(_client_socket(server.port)) == 1
     assert connector.client is not None

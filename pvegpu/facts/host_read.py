@@ -9,7 +9,8 @@
               <user> <group>\\t<path>` per one that is (find's `%y`: f, d, l, others), and from one
               `sha256sum` over the regular files, `<sha256>  <path>` each: two processes for all of them,
               not four per path
-    units     `systemctl show` of the requested units: `Id=`, `SubState=`, `UnitFileState=` blocks
+    units     `systemctl show` of the requested units: `Id=`, `SubState=`, `UnitFileState=`,
+              `NeedDaemonReload=` blocks
     users     per requested user that exists: its passwd line, then `:<primary group name>`
     groups    per requested group that exists: its group line
     venvs     per requested venv: `none\\t<venv>` (no interpreter) or `version <v>|none\\t<venv>` (sglang's:
@@ -196,6 +197,7 @@ def state_command(request: StateRequest) -> str:
         else f"{_open('paths')}",
         f"{_open('units')}; if [ -n {shlex.quote(' '.join(request.units))} ] && command -v systemctl "
         ">/dev/null; then systemctl show --property Id --property SubState --property UnitFileState "
+        "--property NeedDaemonReload "
         f"{_words(request.units)} 2>/dev/null; fi",
         f"{_open('users')}; for u in {_words(request.users)}; do "
         'e=$(getent passwd "$u") && printf "%s:%s\\n" "$e" "$(id -gn "$u")"; done'
@@ -385,6 +387,9 @@ def _paths(lines: list[tuple[int, str]]) -> dict[str, PathState]:
     return paths
 
 
+_UNIT_PROPERTIES = ("Id", "SubState", "UnitFileState", "NeedDaemonReload")
+
+
 def _units(lines: list[tuple[int, str]]) -> dict[str, UnitState]:
     units: dict[str, UnitState] = {}
     block: dict[str, str] = {}
@@ -395,6 +400,7 @@ def _units(lines: list[tuple[int, str]]) -> dict[str, UnitState]:
             units[unit] = UnitState(
                 running=block.get("SubState", "") in RUNNING_SUBSTATES,
                 enabled=block.get("UnitFileState", "") in ENABLED_STATES,
+                needs_reload=block.get("NeedDaemonReload") == "yes",
             )
             block.clear()
 
@@ -403,8 +409,8 @@ def _units(lines: list[tuple[int, str]]) -> dict[str, UnitState]:
             close()
             continue
         key, equals, value = line.partition("=")
-        if not equals or key not in ("Id", "SubState", "UnitFileState") or (key == "Id" and not value):
-            raise _fail(number, line, "a systemctl show Id/SubState/UnitFileState line")
+        if not equals or key not in _UNIT_PROPERTIES or (key == "Id" and not value):
+            raise _fail(number, line, "a systemctl show Id/SubState/UnitFileState/NeedDaemonReload line")
         block[key] = value
     return units
 

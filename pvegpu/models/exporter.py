@@ -33,7 +33,9 @@ class ExporterState:
     """`installed`: dpkg has the exporter's package installed; `running` / `enabled`: its unit, as pyinfra
     reads systemd's states; `systemd`: the host runs systemd (a container without it has no unit to start);
     `files`: the sha256 of each of pvegpu's textfiles and `TIMER_FILES` the read looked for (None: no such
-    file); `timer_running` / `timer_enabled`: `GAUGES_TIMER`'s states, read alike."""
+    file); `timer_running` / `timer_enabled`: `GAUGES_TIMER`'s states, read alike; `timer_needs_reload`:
+    the timer's or its service's unit file is newer than what systemd loaded (a run wrote it and stopped
+    before reloading the units)."""
 
     installed: bool
     running: bool
@@ -42,6 +44,7 @@ class ExporterState:
     files: Mapping[str, str | None] = field(default_factory=dict)
     timer_running: bool = False
     timer_enabled: bool = False
+    timer_needs_reload: bool = False
 
     def sha256(self, path: str) -> str | None:
         """The sha256 of textfile `path` (None: no such file). KeyError for a path the read did not look

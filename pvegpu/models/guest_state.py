@@ -26,10 +26,12 @@ MISSING = PathState("missing")
 
 @dataclass(frozen=True)
 class UnitState:
-    """A systemd unit as pyinfra's SystemdStatus / SystemdEnabled facts read it."""
+    """A systemd unit as pyinfra's SystemdStatus / SystemdEnabled facts read it; `needs_reload`: its file on
+    disk is newer than what systemd loaded (`NeedDaemonReload=yes`: written, and units not reloaded since)."""
 
     running: bool
     enabled: bool
+    needs_reload: bool = False
 
 
 @dataclass(frozen=True)

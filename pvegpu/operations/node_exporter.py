@@ -141,8 +141,9 @@ def timer_files(*, serving: bool) -> dict[str, str]:
 @operation()
 def gauges_timer(*, serving: bool) -> Generator[StringCommand]:
     """The host's gauges timer (module docstring): each of its files written atomically (0644 root:root)
-    when its sha256 differs, systemd's units reloaded when a unit file was, the timer started and enabled
-    when it is not; nothing on a host without one or without systemd."""
+    when its sha256 differs, systemd's units reloaded when a unit file was or systemd says one is newer than
+    what it loaded (a run that wrote it stopped before the reload), the timer started and enabled when it is
+    not; nothing on a host without one or without systemd."""
     files = timer_files(serving=serving)
     if not files:
         what = (
@@ -156,12 +157,12 @@ def gauges_timer(*, serving: bool) -> Generator[StringCommand]:
         return
     digests = {path: hashlib.sha256(content.encode()).hexdigest() for path, content in files.items()}
     changed = [path for path in files if state.sha256(path) != digests[path]]
-    if not changed and state.timer_running and state.timer_enabled:
+    if not changed and state.timer_running and state.timer_enabled and not state.timer_needs_reload:
         host.noop(f"{GAUGES_TIMER} is running and enabled; {', '.join(files)} are pvegpu's")
         return
     for path in changed:
         yield write_file(path, files[path], mode="0644", owner="root:root")
-    if any(path != GAUGES_SCRIPT for path in changed):
+    if state.timer_needs_reload or any(path != GAUGES_SCRIPT for path in changed):
         yield StringCommand("systemctl", "daemon-reload")
     if not state.timer_running:
         yield StringCommand("systemctl", "start", QuoteString(GAUGES_TIMER))

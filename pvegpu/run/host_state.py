@@ -26,7 +26,7 @@ from pvegpu.facts.model_store import StoreRead, parse_model_record
 from pvegpu.facts.nccl_conf import parse_nccl_conf
 from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
-from pvegpu.models.exporter import EXPORTER_SERVICE, GAUGES_TIMER, SERVING_FILE, TIMER_FILES
+from pvegpu.models.exporter import EXPORTER_SERVICE, GAUGES_SERVICE, GAUGES_TIMER, SERVING_FILE, TIMER_FILES
 from pvegpu.models.groups import PVE_NODES
 from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT_FILE, record_path
 from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
@@ -128,7 +128,7 @@ def _request(
         units.append(DEVICES_SERVICE)
     if serving is not None:  # the node exporter, the serving host's gauges and timer (pvegpu/run/exporter.py)
         paths += [SERVING_FILE, *TIMER_FILES]
-        units += [EXPORTER_SERVICE, GAUGES_TIMER]
+        units += [EXPORTER_SERVICE, GAUGES_TIMER, GAUGES_SERVICE]
     request = StateRequest(
         paths=tuple(paths),
         units=tuple(units),

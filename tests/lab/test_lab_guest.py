@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from lab import guest_payload, hosts
+from pvegpu.models.exporter import GAUGES_SERVICE, GAUGES_SERVICE_FILE
 
 pytestmark = pytest.mark.lab
 
@@ -27,6 +28,7 @@ DEPLOY = "deploy/guest.py"
 _names = (f"g{os.getpid() % 10000}n{k}" for k in itertools.count(1))
 
 PyinfraCli = Callable[..., subprocess.CompletedProcess[str]]
+GAUGES_TIMER_OP = "Keep the live gauges' timer installed, enabled and running"
 WRAPPER = "/usr/local/sbin/systemctl"  # ahead of /usr/bin on root's PATH
 # The operations of one restart of SGLang, in order.
 RESTART = [
@@ -114,6 +116,18 @@ def test_create_converges_then_noop_then_one_setting_restarts_once_even_after_a_
 
     assert (second.rc, second.changed()) == (0, [])
     assert starts(lab_ssh, guest) == 1
+
+    # A run that wrote the gauges' service file and stopped before reloading systemd's units leaves it newer
+    # than what systemd loaded (as `touch` does): the next run reloads them, and only that.
+    lab_ssh(guest, f"touch {GAUGES_SERVICE_FILE}")
+    assert lab_ssh(guest, f"systemctl show -p NeedDaemonReload --value {GAUGES_SERVICE}") == "yes\n"
+    reloaded = deploy(pyinfra_cli, monkeypatch, guest, {})
+    assert (reloaded.rc, reloaded.changed()) == (
+        0,
+        ["Keep the live gauges' timer installed, enabled and running"],
+    )
+    assert lab_ssh(guest, f"systemctl show -p NeedDaemonReload --value {GAUGES_SERVICE}") == "no\n"
+    assert deploy(pyinfra_cli, monkeypatch, guest, {}).changed() == []
 
     third = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.85}})
 

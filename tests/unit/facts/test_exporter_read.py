@@ -57,6 +57,46 @@ def test_error_an_unknown_timer_property() -> None:
         parse_exporter(["timer\tActiveState=active"])
 
 
+# SOURCE: captured 2026-12-07 on a lab nspawn host (Debian 12, systemd 252.39-1~deb12u2), the timer enabled
+# and started, then `touch /etc/systemd/system/pvegpu-gauges.service` (as a run that wrote it and stopped
+# before `systemctl daemon-reload` leaves it): exporter_command's timer line.
+TIMER_AND_STALE_SERVICE = [
+    "timer\tId=pvegpu-gauges.timer",
+    "timer\tSubState=waiting",
+    "timer\tUnitFileState=enabled",
+    "timer\tNeedDaemonReload=no",
+    "timer\t",
+    "timer\tId=pvegpu-gauges.service",
+    "timer\tSubState=dead",
+    "timer\tUnitFileState=static",
+    "timer\tNeedDaemonReload=yes",
+]
+
+
+def test_the_timer_runs_and_its_service_file_is_newer_than_systemd_loaded() -> None:
+    state = parse_exporter(["systemd", *TIMER_AND_STALE_SERVICE])
+    assert (state.timer_running, state.timer_enabled, state.timer_needs_reload) == (True, True, True)
+
+
+def test_the_timer_block_is_the_one_named_so_and_a_reload_needed_by_either() -> None:
+    service_first = [*TIMER_AND_STALE_SERVICE[5:], "timer\t", *TIMER_AND_STALE_SERVICE[:4]]
+    reloaded = [line.replace("NeedDaemonReload=yes", "NeedDaemonReload=no") for line in service_first]
+    assert parse_exporter(service_first) == parse_exporter(TIMER_AND_STALE_SERVICE)
+    assert parse_exporter(reloaded).timer_needs_reload is False
+    assert parse_exporter(reloaded).timer_running is True
+
+
+def test_no_such_units_neither_run_nor_need_a_reload() -> None:
+    # SOURCE: captured 2026-12-07 on the same host: `systemctl show ... nosuch.timer nosuch.service`.
+    lines = [
+        *("timer\tId=nosuch.timer", "timer\tSubState=dead", "timer\tUnitFileState="),
+        *("timer\tNeedDaemonReload=no", "timer\t"),
+        *("timer\tId=nosuch.service", "timer\tSubState=dead", "timer\tUnitFileState="),
+        "timer\tNeedDaemonReload=no",
+    ]
+    assert parse_exporter(lines) == ExporterState(False, False, False, False, {})
+
+
 def test_a_unit_systemd_does_not_know_is_neither_running_nor_enabled() -> None:
     # SOURCE: synthesized from `systemctl show --property SubState --property UnitFileState nosuch.service`
     # on Debian 12 (SubState=dead, an empty UnitFileState), and a blank line between units.

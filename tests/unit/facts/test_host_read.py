@@ -202,7 +202,8 @@ def test_command_reads_the_layers_of_a_weight_index(tmp_path: Path) -> None:
         ),
         (
             tuple(line.replace("SubState=running", "SubState running") for line in SAMPLE),
-            "host state: line 224: 'SubState running' is not a systemctl show Id/SubState/UnitFileState line",
+            "host state: line 224: 'SubState running' is not a systemctl show "
+            "Id/SubState/UnitFileState/NeedDaemonReload line",
         ),
         (
             tuple(line.replace("sglang:x:997:", "sglang:x") for line in SAMPLE),

@@ -175,9 +175,16 @@ def test_noop_without_systemd_the_timer_is_left_alone() -> None:
     assert node.noops == ["no systemd on this host: pvegpu-gauges.timer is not started"]
 
 
-def serving_state(files: dict[str, str | None], *, running: bool, enabled: bool) -> object:
+def serving_state(
+    files: dict[str, str | None], *, running: bool, enabled: bool, service_needs_reload: bool = False
+) -> object:
     return host_state(
-        units={"pvegpu-gauges.timer": UnitState(running=running, enabled=enabled)},
+        units={
+            "pvegpu-gauges.timer": UnitState(running=running, enabled=enabled),
+            "pvegpu-gauges.service": UnitState(
+                running=False, enabled=False, needs_reload=service_needs_reload
+            ),
+        },
         paths={
             path: MISSING if sha is None else PathState("file", "644", "root", "root", sha)
             for path, sha in files.items()
@@ -230,6 +237,31 @@ def test_noop_converged_serving_host(monkeypatch: pytest.MonkeyPatch) -> None:
     target = Guest({})
     assert run(target, serving=True) == []
     assert target.noops == [f"pvegpu-gauges.timer is running and enabled; {', '.join(files)} are pvegpu's"]
+
+
+@pytest.mark.usefixtures("guest")
+def test_a_unit_file_newer_than_systemd_loaded_is_reloaded_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that wrote the service's file and stopped before reloading: the files match, the timer runs, but
+    systemd still has the old service (NeedDaemonReload=yes): the next run reloads the units, once."""
+    with ctx_host.use(Guest({})):
+        files = timer_files(serving=True)
+    shas: dict[str, str | None] = {p: digest(t) for p, t in files.items()}
+    state = serving_state(shas, running=True, enabled=True, service_needs_reload=True)
+    monkeypatch.setattr("pvegpu.run.exporter.state_of", lambda _host: state)
+    target = Guest({})
+    assert run(target, serving=True) == [RELOAD]
+    assert target.noops == []
+
+
+@pytest.mark.usefixtures("vm_node")
+def test_a_node_whose_timer_needs_a_reload_gets_one() -> None:
+    with ctx_host.use(Node({})):
+        files = timer_files(serving=False)
+    digests = {path: digest(text) for path, text in files.items()}
+    state = ExporterState(True, True, True, True, {GAUGES_SCRIPT: None, **digests}, True, True, True)
+    assert run(Node({NodeRead: node_state(exporter=state)}), serving=False) == [RELOAD]
 
 
 # --- the serving host's script, run ------------------------------------------------------------------------

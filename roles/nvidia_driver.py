@@ -51,6 +51,7 @@ from pvegpu.plan.driver import (
 from pvegpu.run.driver import driver_plan_of
 from pvegpu.run.host_state import state_of
 from pvegpu.run.plan import plan_failures
+from pvegpu.run.units import reload_if
 
 
 @deploy("Install the NVIDIA driver")
@@ -158,16 +159,13 @@ def _module_side(plan: DriverPlan) -> OperationMeta | None:
 
 
 def _device_nodes(nodes: tuple[str, ...], unit: OperationMeta, installing: bool) -> None:
-    """The device unit enabled and run once the module is loaded (rerun when it changed), then every node
-    checked."""
-    systemd.daemon_reload(name="Reload systemd units", _if=any_changed(unit))
+    """The device unit enabled and run once the module is loaded (reloaded and rerun when it changed, in this
+    run or in one that stopped before: `reload_if`), then every node checked."""
+    reload = reload_if(host, DEVICES_SERVICE, unit)
+    systemd.daemon_reload(name="Reload systemd units", _if=reload)
     service(name=f"Enable and run {DEVICES_SERVICE}", service=DEVICES_SERVICE, running=True, enabled=True)
-    service(
-        name=f"Rerun {DEVICES_SERVICE} after its change",
-        service=DEVICES_SERVICE,
-        restarted=True,
-        _if=any_changed(unit),
-    )
+    rerun = f"Rerun {DEVICES_SERVICE} after its change"
+    service(name=rerun, service=DEVICES_SERVICE, restarted=True, _if=reload)
     device_nodes_present(
         name="Check the NVIDIA device nodes containers bind",
         nodes=nodes,

@@ -50,6 +50,7 @@ from pvegpu.plan.sglang_service import ENV_FILE, SECRETS_SCRIPT, SERVICE, UNIT_F
 from pvegpu.run.host_state import PVEGPU_ETC, PVEGPU_LIB, model_read, sglang_home
 from pvegpu.run.plan import plan_failures, plan_of
 from pvegpu.run.serving import serving_plan_of
+from pvegpu.run.units import reload_if
 
 
 @deploy("Serve the model with SGLang")
@@ -194,7 +195,7 @@ def _mounted_store(spec: SglangSpec, name: str) -> OperationMeta:
         content=render("model/model-store.mount.j2", tag=SHARE_ID, where=spec.model_path),
         path=f"{SYSTEMD_UNITS}/{name}",
     )
-    systemd.daemon_reload(name=f"Reload systemd's units ({name})", _if=any_changed(unit))
+    systemd.daemon_reload(name=f"Reload systemd's units ({name})", _if=reload_if(host, name, unit))
     service(name="Mount the node's model store", service=name, running=True, enabled=True)
     return unit
 
@@ -204,5 +205,6 @@ def _model(fetch: ModelFetch, record: ModelRecord | None, files: Mapping[str, St
     file_content(name="Upload pvegpu's model fetcher", content=fetcher_source(), path=FETCH_SCRIPT)
     file_content(name="Write the model fetch's settings", content=fetch.config, path=FETCH_CONFIG)
     unit = file_content(name=f"Write {FETCH_UNIT}", content=fetch_unit(fetch, "sglang"), path=FETCH_UNIT_FILE)
-    systemd.daemon_reload(name=f"Reload systemd's units ({FETCH_UNIT})", _if=any_changed(unit))
+    reload = reload_if(host, FETCH_UNIT, unit)
+    systemd.daemon_reload(name=f"Reload systemd's units ({FETCH_UNIT})", _if=reload)
     model_fetch(name=f"Fetch and verify {fetch.target.repo}", target=fetch.target, record=record, files=files)

@@ -28,7 +28,7 @@ from pvegpu.facts.parsing import ParseError
 from pvegpu.facts.serving_read import ServingRead
 from pvegpu.models.exporter import EXPORTER_SERVICE, GAUGES_SERVICE, GAUGES_TIMER, SERVING_FILE, TIMER_FILES
 from pvegpu.models.groups import PVE_NODES
-from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT_FILE, record_path
+from pvegpu.models.model_store import FETCH_CONFIG, FETCH_SCRIPT, FETCH_UNIT, FETCH_UNIT_FILE, record_path
 from pvegpu.models.nccl import SYSTEM_CONF, USER_CONF_NAME, ConfSetting
 from pvegpu.models.p2p import RECORD_PATH, P2pMode
 from pvegpu.models.recipe import Checkpoint
@@ -175,7 +175,7 @@ def _with_sglang(specs: HostSpecs, request: StateRequest) -> StateRequest:
         weight_index=f"{spec.model_path}/{WEIGHT_INDEX}" if checkpoint else None,
         model_store=spec.model_path if fetched else None,
         paths=tuple(dict.fromkeys(paths)),
-        units=(*request.units, *mount, SERVICE),
+        units=(*request.units, *mount, *([FETCH_UNIT] if fetched else []), SERVICE),
         users=(spec.user,),
         groups=(spec.user,),
         venvs=(spec.venv,),

@@ -1,14 +1,15 @@
 """The node exporter's state on a host in a few lines, part of the node's one read (`node_read.NodeRead`'s
 `exporter` part) and, after a change on the node, read on its own (`ExporterRead`): whether systemd runs
-(`/run/systemd/system`, as sd_booted checks), the package as dpkg has it, the unit's SubState and
-UnitFileState, those of pvegpu's gauges timer, whether systemd needs a reload for the timer or its service,
-and the sha256 of each requested file (the run's textfiles, the timer's unit files and script). Output lines:
+(`/run/systemd/system`, as sd_booted checks), the package as dpkg has it, the SubState and UnitFileState of
+the exporter's unit and of pvegpu's gauges timer, whether systemd needs a reload for the timer or its
+service, and the sha256 of each requested file (the run's textfiles, the timer's unit files and script).
+One `systemctl show` for the three units (each call costs the host a systemctl process and systemd a D-Bus
+call). Output lines:
 
     systemd
     package\\t<db:Status-Abbrev>\\t<version>
-    unit\\tSubState=<state> / unit\\tUnitFileState=<state>
-    timer\\tId=<unit> / ...SubState=, UnitFileState=, NeedDaemonReload=  a block per unit: the timer's,
-                            then its service's, separated by `timer\\t` (systemctl's blank line)
+    unit\\tId=<unit> / ...SubState=, UnitFileState=, NeedDaemonReload=  a block per unit: the exporter's,
+                            the timer's, its service's, separated by `unit\\t` (systemctl's blank line)
     file\t<path>            per requested file; then `<sha256>  <path>` for each that is a file (one
                             sha256sum for all)
 
@@ -39,24 +40,23 @@ def exporter_command(package: str, unit: str, files: Sequence[str]) -> str:
         "if [ -d /run/systemd/system ]; then echo systemd; fi\n"
         f"dpkg-query -W -f='package\\t${{db:Status-Abbrev}}\\t${{Version}}\\n' {shlex.quote(package)} "
         "2>/dev/null || true\n"
-        f"systemctl show --property SubState --property UnitFileState {shlex.quote(unit)} 2>/dev/null "
-        "| sed 's/^/unit\\t/' || true\n"
         "systemctl show --property Id --property SubState --property UnitFileState "
-        f"--property NeedDaemonReload {GAUGES_TIMER} {GAUGES_SERVICE} 2>/dev/null | sed 's/^/timer\\t/' "
-        "|| true\n"
+        f"--property NeedDaemonReload {shlex.quote(unit)} {GAUGES_TIMER} {GAUGES_SERVICE} 2>/dev/null "
+        "| sed 's/^/unit\\t/' || true\n"
         f'set --; for f in {paths}; do printf "file\\t%s\\n" "$f"; '
         'if [ -f "$f" ]; then set -- "$@" "$f"; fi; done\n'
         'if [ $# -gt 0 ]; then sha256sum -- "$@"; fi; true'
     )
 
 
-_TIMER_PROPERTIES = ("Id", "SubState", "UnitFileState", "NeedDaemonReload")
+_PROPERTIES = ("Id", "SubState", "UnitFileState", "NeedDaemonReload")
+_GAUGES_UNITS = (GAUGES_TIMER, GAUGES_SERVICE)
 
 
 def parse_exporter(lines: Sequence[str]) -> ExporterState:
     """`exporter_command`'s output -> ExporterState."""
-    systemd = installed = running = enabled = False
-    timer_blocks: list[dict[str, str]] = [{}]  # systemctl's blocks of the timer and its service
+    systemd = installed = False
+    blocks: list[dict[str, str]] = [{}]  # systemctl's block of each unit
     digests: dict[str, str | None] = {}
     for line in lines:
         fields = line.split("\t")
@@ -64,32 +64,31 @@ def parse_exporter(lines: Sequence[str]) -> ExporterState:
             systemd = True
         elif fields[0] == "package" and len(fields) == 3:
             installed = installed or (fields[1][:2] in _INSTALLED and bool(fields[2]))
-        elif fields[0] == "unit" and len(fields) == 2 and fields[1].startswith("SubState="):
-            running = fields[1].partition("=")[2] in RUNNING_SUBSTATES
-        elif fields[0] == "unit" and len(fields) == 2 and fields[1].startswith("UnitFileState="):
-            enabled = fields[1].partition("=")[2] in ENABLED_STATES
-        elif fields[0] == "timer" and len(fields) == 2 and not fields[1]:
-            timer_blocks.append({})  # the blank line between two units' blocks
-        elif fields[0] == "timer" and len(fields) == 2 and fields[1].partition("=")[0] in _TIMER_PROPERTIES:
+        elif fields[0] == "unit" and len(fields) == 2 and not fields[1]:
+            blocks.append({})  # the blank line between two units' blocks
+        elif fields[0] == "unit" and len(fields) == 2 and fields[1].partition("=")[0] in _PROPERTIES:
             key, _, value = fields[1].partition("=")
-            timer_blocks[-1][key] = value
+            blocks[-1][key] = value
         elif fields[0] == "file" and len(fields) == 2 and fields[1].startswith("/"):
             digests[fields[1]] = None
         elif (match := _DIGEST.fullmatch(line)) and match[2] in digests:
             digests[match[2]] = match[1]
-        elif line.strip() and not (fields[0] == "unit" and len(fields) == 2 and not fields[1]):
+        elif line.strip():
             raise FactParseError(f"exporter: unexpected line {line!r}")
-    # The timer's block is the one systemctl names it in; a read of the timer alone (no Id) has one block.
-    timer = next((block for block in timer_blocks if block.get("Id") == GAUGES_TIMER), timer_blocks[0])
+    # Each block by the Id systemctl names it with: pvegpu's two units, and the exporter's (whatever name
+    # systemd gives it: an alias shows the unit it points to).
+    gauges = {block["Id"]: block for block in blocks if block.get("Id") in _GAUGES_UNITS}
+    exporter = next((block for block in blocks if block and block.get("Id") not in _GAUGES_UNITS), {})
+    timer = gauges.get(GAUGES_TIMER, {})
     return ExporterState(
         installed,
-        running,
-        enabled,
+        exporter.get("SubState", "") in RUNNING_SUBSTATES,
+        exporter.get("UnitFileState", "") in ENABLED_STATES,
         systemd,
         digests,
         timer_running=timer.get("SubState", "") in RUNNING_SUBSTATES,
         timer_enabled=timer.get("UnitFileState", "") in ENABLED_STATES,
-        timer_needs_reload=any(block.get("NeedDaemonReload") == "yes" for block in timer_blocks),
+        timer_needs_reload=any(block.get("NeedDaemonReload") == "yes" for block in gauges.values()),
     )
 
 

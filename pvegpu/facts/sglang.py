@@ -5,8 +5,10 @@
 `SglangNcclChannels()` -> the NCCL channel records the running service logged (`pvegpu.facts.nccl`);
 `SglangNcclTopologyFile()` -> NCCL's lines about its topology file from the same log;
 `SglangNcclRuns()` -> those lines of every run still in the journal, by run (`pvegpu.facts.nccl_journal`).
-The probe is one Python process on the host, a plain HTTP/1.0 client on a socket (it runs in every state
-read, and urllib's imports alone cost more CPU than the rest of it): `GET /health`, then `GET /v1/models` with
+The probe is one Python process on the host, a plain HTTP/1.0 client on a socket: it runs in every state read,
+and the imports of urllib, `socket` and `json` cost more CPU than the rest of it, so it uses their C halves,
+`_socket` and `_json`'s scanner (the one `json.loads` runs; an answer the scanner does not take whole goes to
+`json.loads`, which decodes it or raises its own error). `GET /health`, then `GET /v1/models` with
 `Authorization: Bearer <key>` read from `key_file` on the host (the key never leaves it); on a rank other
 than 0 of several nodes (its target's `leader_url`), `GET /health` there and at rank 0. Parsing is pure
 (`parse_venv`, `parse_probe`; the NCCL lines: `parse_transports`).
@@ -34,20 +36,46 @@ VERSION_SCRIPT = (
     "except m.PackageNotFoundError:\n    print('version none')\n"
 )
 PROBE_SCRIPT = """\
-import json, socket, sys
-from urllib.parse import urlsplit
+import _json, _socket, sys
 base, key_file, leader = sys.argv[1], sys.argv[2], sys.argv[3]
+def address(netloc):
+    host, port = netloc.rpartition("@")[2], ""
+    if host.startswith("["):
+        host, _, port = host[1:].partition("]")
+        port = port[1:]
+    elif ":" in host:
+        host, _, port = host.partition(":")
+    if port and not port.isdigit():
+        raise ValueError("Port could not be cast to integer value as " + repr(port))
+    # An ASCII name as bytes: getaddrinfo would otherwise load the IDNA codec (and `re`) to encode it.
+    host = host.lower()
+    return host.encode() if host.isascii() else host, int(port or 80)
+def connect(host, port):
+    error = OSError("getaddrinfo returns an empty list")
+    for family, kind, proto, _, sockaddr in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        connection = _socket.socket(family, kind, proto)
+        try:
+            connection.settimeout(5)
+            connection.connect(sockaddr)
+            return connection
+        except OSError as failed:
+            connection.close()
+            error = failed
+    raise error
 def get(url, auth):
-    parts = urlsplit(url)
-    request = "GET " + (parts.path or "/") + " HTTP/1.0\\r\\nHost: " + parts.netloc + "\\r\\n"
+    netloc, _, path = url.partition("://")[2].partition("/")
+    request = "GET /" + path + " HTTP/1.0\\r\\nHost: " + netloc + "\\r\\n"
     if auth and key_file:
         with open(key_file) as f:
             request += "Authorization: Bearer " + f.read().strip() + "\\r\\n"
-    with socket.create_connection((parts.hostname, parts.port or 80), timeout=5) as connection:
+    connection = connect(*address(netloc))
+    try:
         connection.sendall((request + "\\r\\n").encode())
         answer = b""
         while chunk := connection.recv(65536):
             answer += chunk
+    finally:
+        connection.close()
     head, _, body = answer.partition(b"\\r\\n\\r\\n")
     first = head.split(b"\\r\\n", 1)[0]
     status = first.decode("latin-1").split(" ", 2)
@@ -56,6 +84,19 @@ def get(url, auth):
     if not status[1].startswith("2"):
         raise OSError("HTTP Error " + status[1] + ": " + (status[2] if len(status) > 2 else ""))
     return body
+class Decoding:
+    strict, object_hook, object_pairs_hook = True, None, None
+    parse_float, parse_int, parse_constant = float, int, float
+def loads(body):
+    try:
+        text = body.decode().lstrip(" \\t\\n\\r")
+        value, end = _json.make_scanner(Decoding())(text, 0)
+        if not text[end:].strip(" \\t\\n\\r"):
+            return value
+    except Exception:
+        pass
+    import json
+    return json.loads(body)
 try:
     get(base + "/health", False)
     if leader:
@@ -65,7 +106,7 @@ try:
             raise OSError("rank 0 at " + leader + ": " + str(error)) from None
         print("ok rank 0 at " + leader + " answers")
     else:
-        models = json.loads(get(base + "/v1/models", True))["data"]
+        models = loads(get(base + "/v1/models", True))["data"]
         print("ok " + ",".join(model["id"] for model in models))
 except Exception as error:
     print("fail " + " ".join(str(error).split()))

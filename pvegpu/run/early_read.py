@@ -81,7 +81,7 @@ def _stored() -> dict[str, str]:
 def store_read(key: str, command: str) -> None:
     """Store `command` under `key`, atomically, in a file of this user's only (a failure only costs the
     speedup)."""
-    stored = _stored()
+    stored = _stored()  # read again, not this run's copy: keeps what another run stored meanwhile
     if stored.get(key) == command:
         return
     stored.pop(key, None)

@@ -16,16 +16,19 @@ from pvegpu.models.exporter import EXPORTER_PACKAGE, EXPORTER_SERVICE, NODE_FILE
 from tests.unit.fuzz_targets import fixture
 
 SAMPLE = fixture("exporter_read_lab_node.txt")
-NODE_SHA256 = "7a6d7c7d0959bae46fb6121e978f70236b595f44b33ff551ef49bbf000e70025"
+NODE_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # an empty file
 
 
-def test_lab_node_sample_installed_running_enabled_with_its_node_file() -> None:
+def test_lab_node_sample_installed_running_enabled_with_its_node_file_and_timer() -> None:
     assert parse_exporter(SAMPLE) == ExporterState(
         installed=True,
         running=True,
         enabled=True,
         systemd=True,
         files={NODE_FILE: NODE_SHA256, SERVING_FILE: None},
+        timer_running=True,
+        timer_enabled=True,
+        timer_needs_reload=False,
     )
 
 
@@ -36,40 +39,35 @@ def test_not_installed_without_systemd() -> None:
     assert parse_exporter(lines) == ExporterState(False, False, False, False, {NODE_FILE: None})
 
 
-def test_the_gauges_timer_waiting_and_enabled_and_its_unit_files() -> None:
-    # SOURCE: synthesized from `systemctl show --property SubState --property UnitFileState
-    # pvegpu-gauges.timer` on Debian 12 for an enabled timer between two runs of its service (`waiting`).
+def test_the_exporter_stopped_and_the_gauges_timer_waiting_with_its_unit_files() -> None:
+    # SOURCE: the lab capture above with the exporter's unit stopped and disabled (`systemctl disable --now
+    # prometheus-node-exporter` on the same node: SubState=dead, UnitFileState=disabled).
     service = "/etc/systemd/system/pvegpu-gauges.service"
-    lines = [
-        "systemd",
-        "unit\tSubState=running",
-        "unit\tUnitFileState=enabled",
-        "timer\tSubState=waiting",
-        "timer\tUnitFileState=enabled",
-        f"file\t{service}",
-        f"{NODE_SHA256}  {service}",
-    ]
-    assert parse_exporter(lines) == ExporterState(False, True, True, True, {service: NODE_SHA256}, True, True)
+    assert SAMPLE[3:5] == ("unit\tSubState=running", "unit\tUnitFileState=enabled")
+    stopped = [*SAMPLE[:3], "unit\tSubState=dead", "unit\tUnitFileState=disabled", *SAMPLE[5:16]]
+    lines = [*stopped, f"file\t{service}", f"{NODE_SHA256}  {service}"]
+    expected = ExporterState(True, False, False, True, {service: NODE_SHA256}, True, True)
+    assert parse_exporter(lines) == expected
 
 
-def test_error_an_unknown_timer_property() -> None:
-    with pytest.raises(FactParseError, match=r"exporter: unexpected line 'timer.tActiveState=active'"):
-        parse_exporter(["timer\tActiveState=active"])
+def test_error_an_unknown_unit_property() -> None:
+    with pytest.raises(FactParseError, match=r"exporter: unexpected line 'unit.tActiveState=active'"):
+        parse_exporter(["unit\tActiveState=active"])
 
 
 # SOURCE: captured 2026-12-07 on a lab nspawn host (Debian 12, systemd 252.39-1~deb12u2), the timer enabled
 # and started, then `touch /etc/systemd/system/pvegpu-gauges.service` (as a run that wrote it and stopped
-# before `systemctl daemon-reload` leaves it): exporter_command's timer line.
+# before `systemctl daemon-reload` leaves it): the timer's and its service's blocks of systemctl's output.
 TIMER_AND_STALE_SERVICE = [
-    "timer\tId=pvegpu-gauges.timer",
-    "timer\tSubState=waiting",
-    "timer\tUnitFileState=enabled",
-    "timer\tNeedDaemonReload=no",
-    "timer\t",
-    "timer\tId=pvegpu-gauges.service",
-    "timer\tSubState=dead",
-    "timer\tUnitFileState=static",
-    "timer\tNeedDaemonReload=yes",
+    "unit\tId=pvegpu-gauges.timer",
+    "unit\tSubState=waiting",
+    "unit\tUnitFileState=enabled",
+    "unit\tNeedDaemonReload=no",
+    "unit\t",
+    "unit\tId=pvegpu-gauges.service",
+    "unit\tSubState=dead",
+    "unit\tUnitFileState=static",
+    "unit\tNeedDaemonReload=yes",
 ]
 
 
@@ -79,7 +77,7 @@ def test_the_timer_runs_and_its_service_file_is_newer_than_systemd_loaded() -> N
 
 
 def test_the_timer_block_is_the_one_named_so_and_a_reload_needed_by_either() -> None:
-    service_first = [*TIMER_AND_STALE_SERVICE[5:], "timer\t", *TIMER_AND_STALE_SERVICE[:4]]
+    service_first = [*TIMER_AND_STALE_SERVICE[5:], "unit\t", *TIMER_AND_STALE_SERVICE[:4]]
     reloaded = [line.replace("NeedDaemonReload=yes", "NeedDaemonReload=no") for line in service_first]
     assert parse_exporter(service_first) == parse_exporter(TIMER_AND_STALE_SERVICE)
     assert parse_exporter(reloaded).timer_needs_reload is False
@@ -89,19 +87,22 @@ def test_the_timer_block_is_the_one_named_so_and_a_reload_needed_by_either() -> 
 def test_no_such_units_neither_run_nor_need_a_reload() -> None:
     # SOURCE: captured 2026-12-07 on the same host: `systemctl show ... nosuch.timer nosuch.service`.
     lines = [
-        *("timer\tId=nosuch.timer", "timer\tSubState=dead", "timer\tUnitFileState="),
-        *("timer\tNeedDaemonReload=no", "timer\t"),
-        *("timer\tId=nosuch.service", "timer\tSubState=dead", "timer\tUnitFileState="),
-        "timer\tNeedDaemonReload=no",
+        *("unit\tId=nosuch.service", "unit\tSubState=dead", "unit\tUnitFileState="),
+        *("unit\tNeedDaemonReload=no", "unit\t"),
+        *("unit\tId=nosuch.timer", "unit\tSubState=dead", "unit\tUnitFileState="),
+        *("unit\tNeedDaemonReload=no", "unit\t"),
+        *("unit\tId=nosuch.service", "unit\tSubState=dead", "unit\tUnitFileState="),
+        "unit\tNeedDaemonReload=no",
     ]
-    assert parse_exporter(lines) == ExporterState(False, False, False, False, {})
+    assert parse_exporter(["systemd", *lines]) == ExporterState(False, False, False, True, {})
 
 
-def test_a_unit_systemd_does_not_know_is_neither_running_nor_enabled() -> None:
-    # SOURCE: synthesized from `systemctl show --property SubState --property UnitFileState nosuch.service`
-    # on Debian 12 (SubState=dead, an empty UnitFileState), and a blank line between units.
-    lines = ["systemd", "unit\tSubState=dead", "unit\tUnitFileState=", "unit\t"]
-    assert parse_exporter(lines) == ExporterState(False, False, False, True, {})
+def test_the_exporter_is_the_block_systemctl_names_otherwise_even_after_the_gauges_units() -> None:
+    # The exporter's unit is read by whatever Id systemd gives it (an alias shows the unit it points to).
+    blocks = "\n".join(SAMPLE[2:16]).split("\nunit\t\n")
+    aliased = blocks[0].replace("prometheus-node-exporter", "alias")
+    reordered = "\nunit\t\n".join([blocks[1], blocks[2], aliased])
+    assert parse_exporter([*SAMPLE[:2], *reordered.split("\n"), *SAMPLE[16:]]) == parse_exporter(SAMPLE)
 
 
 def test_the_command_here_lists_each_file_and_hashes_those_that_exist(tmp_path: Path) -> None:

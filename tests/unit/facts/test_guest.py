@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from pvegpu.facts.errors import FactParseError
 from pvegpu.facts.nvidia import parse_nvidia_smi, parse_version_file
-from pvegpu.facts.sglang import Probe, VenvState, parse_probe, parse_venv, probe_command
+from pvegpu.facts.sglang import PROBE_SCRIPT, Probe, VenvState, parse_probe, parse_venv, probe_command
 from pvegpu.models.nvidia import LoadedModule, NvidiaGpu, NvidiaSmi
 from pvegpu.models.sglang import ProbeTarget
 
@@ -112,7 +115,7 @@ def test_probe_command_runs_the_standard_library_alone_against_a_real_server(tmp
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         command = probe_command(ProbeTarget(sys.executable, base, str(key_file))).get_raw_value()
-        assert command.startswith(f"{sys.executable} -I -S -c 'import json, socket, sys\n")
+        assert command.startswith(f"{sys.executable} -I -S -c 'import _json, _socket, sys\n")
         answered = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
         keyless = probe_command(ProbeTarget(sys.executable, base, None)).get_raw_value()
         refused = subprocess.run(["sh", "-c", keyless], capture_output=True, text=True, check=True)
@@ -120,6 +123,110 @@ def test_probe_command_runs_the_standard_library_alone_against_a_real_server(tmp
         server.shutdown()
     assert parse_probe(answered.stdout.splitlines()) == Probe(True, "glm-5")
     assert parse_probe(refused.stdout.splitlines()) == Probe(False, "HTTP Error 401: Unauthorized")
+
+
+@contextlib.contextmanager
+def _raw_server(reply: Callable[[bytes], bytes], connections: int) -> Iterator[int]:
+    """A loopback listener that answers each of `connections` connections with `reply(request)` and closes
+    it; yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        for _ in range(connections):
+            connection, _ = listener.accept()
+            with connection:
+                connection.sendall(reply(connection.recv(4096)))
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def _keyless_probe(port: int) -> str:
+    """What the probe prints for SGLang at `port` on loopback, without a key."""
+    command = probe_command(ProbeTarget(sys.executable, f"http://127.0.0.1:{port}", None)).get_raw_value()
+    return subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+
+
+def _sglang(models: bytes) -> Callable[[bytes], bytes]:
+    """Answers of a server that says `ok` at /health and `models` at /v1/models."""
+
+    def reply(request: bytes) -> bytes:
+        body = models if request.startswith(b"GET /v1/models ") else b"ok"
+        return b"HTTP/1.0 200 OK\r\n\r\n" + body
+
+    return reply
+
+
+def _models_verdict(body: bytes) -> str:
+    """What the probe printed for a /v1/models answer when it parsed it with `json.loads` (as the fast path
+    must, byte for byte)."""
+    try:
+        return "ok " + ",".join(model["id"] for model in json.loads(body)["data"])
+    except Exception as error:  # the probe's own catch-all
+        return "fail " + " ".join(str(error).split())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"object": "list", "data": [{"id": "glm-5", "object": "model"}]}',
+        b' \r\n{"data": [{"id": "a"}, {"id": "b\\u00e9"}]}\n ',
+        b'\xef\xbb\xbf{"data": [{"id": "bom"}]}',
+        '{"data": [{"id": "utf16"}]}'.encode("utf-16"),
+        b"",
+        b"<html>busy</html>",
+        b'{"data": [{"id": "x"}]} trailing',
+        b'{"data": [{"name": "x"}]}',
+        b'{"data": [NaN, 1e999]}',
+        b'{"data": [{"id": "a"}], "data": []}',
+        b'{"data": [{"id": "\x01"}]}',
+    ],
+)
+def test_probe_reads_v1_models_exactly_as_json_loads_does(body: bytes) -> None:
+    """The probe decodes /v1/models with `_json`'s scanner and leaves anything else to `json.loads`: its
+    verdict on each body is the one `json.loads` gives (the ids, or json's own error text)."""
+    with _raw_server(_sglang(body), 2) as port:
+        printed = _keyless_probe(port)  # /health, then /v1/models
+    assert printed == _models_verdict(body) + "\n"
+
+
+def _imported(*argv: str) -> list[str]:
+    """The modules `python -I -S -X importtime` loads running `argv`, in order."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-X", "importtime", *argv], capture_output=True, text=True, check=True
+    )
+    lines = done.stderr.splitlines()
+    return [line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")]
+
+
+def test_a_probe_that_answers_loads_only_the_c_halves_of_socket_and_json() -> None:
+    """It runs in every state read: past the interpreter's own start it loads `_json` and `_socket` alone (a
+    host name encoded without the IDNA codec, which would load `re`)."""
+    with _raw_server(_sglang(b'{"data": [{"id": "m"}]}'), 2) as port:
+        probed = _imported("-c", PROBE_SCRIPT, f"http://localhost:{port}", "", "")
+    started = _imported("-c", "pass")
+    assert [name for name in probed if name not in started] == ["_json", "_socket"]
+
+
+def test_probe_names_a_refused_connection_and_a_bad_port() -> None:
+    """The probe's socket errors are the ones `socket.create_connection` and urllib's port parsing raise."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]  # closed again below: nothing listens there
+    refused = probe_command(ProbeTarget(sys.executable, f"http://127.0.0.1:{port}", None)).get_raw_value()
+    bad_port = probe_command(ProbeTarget(sys.executable, "http://127.0.0.1:30k", None)).get_raw_value()
+    outputs = [
+        subprocess.run(["sh", "-c", c], capture_output=True, text=True, check=True, timeout=30).stdout
+        for c in (refused, bad_port)
+    ]
+    assert outputs == [
+        "fail [Errno 111] Connection refused\n",
+        "fail Port could not be cast to integer value as '30k'\n",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -136,19 +243,6 @@ def test_probe_command_runs_the_standard_library_alone_against_a_real_server(tmp
 def test_probe_command_names_what_answered_instead_of_sglang(answer: bytes, detail: str) -> None:
     """The probe's own HTTP/1.0 client on a raw server: a status other than 2xx as urllib named it (`HTTP
     Error <code>: <reason>`), and anything that is not HTTP at the port with its first bytes."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def answer_once() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            connection.recv(4096)
-            connection.sendall(answer)
-
-    threading.Thread(target=answer_once, daemon=True).start()
-    base = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    try:
-        command = probe_command(ProbeTarget(sys.executable, base, None)).get_raw_value()
-        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True, timeout=30)
-    finally:
-        listener.close()
-    assert parse_probe(done.stdout.splitlines()) == Probe(False, detail)
+    with _raw_server(lambda _: answer, 1) as port:
+        printed = _keyless_probe(port)
+    assert parse_probe(printed.splitlines()) == Probe(False, detail)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -178,17 +177,15 @@ def test_a_host_with_a_sudo_or_su_password_stores_nothing(
     assert not cache.exists()
 
 
-def test_the_key_is_the_directory_the_deploy_files_and_the_host(server: Server) -> None:
+def test_the_key_is_the_directory_the_deploy_files_and_the_host(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = Run(server)
     keys = {deploy_key(run.state, NAME), deploy_key(run.state, "other")}
     keys.add(deploy_key(Run(server, deploy=("deploy/host.py",)).state, NAME))
     keys.add(deploy_key(Run(server, deploy=("deploy/host.py", "deploy/site.py")).state, NAME))
-    previous = Path.cwd()
-    os.chdir("/")
-    try:
-        keys.add(deploy_key(Run(server).state, NAME))
-    finally:
-        os.chdir(previous)
+    monkeypatch.chdir("/")
+    keys.add(deploy_key(Run(server).state, NAME))
     assert len(keys) == 5
     assert deploy_key(State(), NAME) is None  # outside pyinfra's CLI
 

@@ -83,9 +83,10 @@ class ServingPlan:
     fetch (None: nothing fetched here: no `sglang.model_repo`, or the node's store serves it);
     `model_directory`: whether pvegpu makes `model_path` (not where the node's store is mounted or is);
     `store_mount`: the mount unit of the node's store in a VM guest (plan/model_mount.py), else None;
-    `started_files`: every file the service starts from, whose digests it records at start (`record_start`,
-    plan/sglang_started.py); `restart`: why the running service must restart though this run writes none of
-    them (set from the host's state read by pvegpu/run/serving.py), else None."""
+    `started_files`: every file the service starts from, whose digests it records at start, with its
+    `venv`'s SGLang version (`record_start`, plan/sglang_started.py); `restart`: why the running service
+    must restart though this run writes none of them (set from the host's state read by
+    pvegpu/run/serving.py), else None."""
 
     nccl: ServingNccl
     recipe: RecipePlan
@@ -97,6 +98,7 @@ class ServingPlan:
     credentials: tuple[tuple[str, str], ...]
     probe: ProbeTarget
     model_fetch: ModelFetch | None
+    venv: str
     model_directory: bool = True
     store_mount: str | None = None
     started_files: tuple[str, ...] = ()
@@ -104,8 +106,9 @@ class ServingPlan:
 
     @property
     def record_start(self) -> str:
-        """The unit's first `ExecStartPre=`: the digests of `started_files` at every start."""
-        return record_start(self.started_files)
+        """The unit's first `ExecStartPre=`: the digests of `started_files` and of the venv's SGLang
+        metadata at every start."""
+        return record_start(self.started_files, self.venv)
 
 
 def plan_serving(
@@ -154,4 +157,5 @@ def plan_serving(
             *([] if nccl.topo is None else [TOPO_FILE]),
             *([] if store_mount is None else [f"{SYSTEMD_UNITS}/{store_mount}"]),
         ),
+        venv=spec.venv,
     )

@@ -99,11 +99,17 @@ def serving_plan_of(target: Host) -> ServingPlan:
 
 def _restart(plan: ServingPlan, state: HostState) -> str | None:
     """Why the running service must restart though the files it starts from are on disk as planned: its
-    start record (plan/sglang_started.py) shows others; a file this run writes restarts it anyway."""
+    start record (plan/sglang_started.py) shows others, or another SGLang than the venv holds; a file this
+    run writes restarts it anyway."""
     unit = state.units.get(SERVICE)
     on_disk = {path: state.path(path).sha256 for path in plan.started_files}
+    venv = state.venvs.get(plan.venv)
     return restart_reason(
-        state.records.get(STARTED_RECORD), on_disk, running=unit is not None and unit.running
+        state.records.get(STARTED_RECORD),
+        on_disk,
+        running=unit is not None and unit.running,
+        venv=plan.venv,
+        venv_version=None if venv is None else venv.version,
     )
 
 

@@ -20,6 +20,8 @@ import pytest
 
 from lab import guest_payload, hosts
 from pvegpu.models.exporter import GAUGES_SERVICE, GAUGES_SERVICE_FILE
+from pvegpu.models.sglang_options import SGLANG_VERSION
+from pvegpu.plan.sglang_started import STARTED_RECORD as RECORD
 
 pytestmark = pytest.mark.lab
 
@@ -165,6 +167,35 @@ def test_create_converges_then_noop_then_one_setting_restarts_once_even_after_a_
     again = deploy(pyinfra_cli, monkeypatch, guest, {"sglang": {"mem_fraction_static": 0.8}})
     assert (again.rc, again.changed()) == (0, [])
     assert starts(lab_ssh, guest) == 3
+
+
+def test_a_service_left_on_an_older_sglang_than_its_venv_holds_restarts_once(
+    guest: hosts.LabHost, pyinfra_cli: PyinfraCli, lab_ssh: LabSsh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that upgraded the venv's SGLang and stopped before the restart leaves the service on the old
+    version, as its start record shows (rewritten here to name an older one): the next run restarts it, from
+    that alone, and the one after changes nothing."""
+    assert deploy(pyinfra_cli, monkeypatch, guest, {}).rc == 0
+    started, older = starts(lab_ssh, guest), "0.5.22"
+    site_packages = "/opt/sglang/venv/lib/python3.11/site-packages"
+    # The lab's stand-in SGLang is the pinned version with a local label (0.5.23+pvegpulab).
+    record = lab_ssh(guest, f"tr '\\0' '\\n' < {RECORD}")
+    installed = re.findall(rf"  {site_packages}/sglang-([^/]+)\.dist-info/METADATA$", record, re.MULTILINE)
+    assert [version.split("+")[0] for version in installed] == [SGLANG_VERSION]
+    lab_ssh(guest, f"sed -i -z 's|/sglang-{installed[0]}.dist-info/|/sglang-{older}.dist-info/|' {RECORD}")
+
+    upgraded = deploy(pyinfra_cli, monkeypatch, guest, {})
+
+    assert (upgraded.rc, upgraded.changed()) == (0, RESTART)
+    assert (
+        f"sglang.service runs SGLang {older} and /opt/sglang/venv holds {installed[0]} (a run stopped "
+        "before restarting it): restarting it"
+    ) in upgraded.stderr
+    assert starts(lab_ssh, guest) == started + 1
+    assert lab_ssh(guest, f"tr '\\0' '\\n' < {RECORD}") == record  # recorded again, as before
+    settled = deploy(pyinfra_cli, monkeypatch, guest, {})
+    assert (settled.rc, settled.changed()) == (0, [])
+    assert starts(lab_ssh, guest) == started + 1
 
 
 RECIPE_ENV = [

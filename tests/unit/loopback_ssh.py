@@ -61,9 +61,16 @@ def _key_file(path: Path) -> str:
 
 
 def _run(channel: paramiko.Channel, command: str, finished: list[str]) -> None:
-    """Run `command` as sshd would (`sh -c`), its output and exit status back."""
+    """Run `command` as sshd would (`sh -c`), its output and exit status back: after the exec request's
+    reply, as sshd sends them. paramiko sends that reply in its own thread once `check_channel_exec_request`
+    returns, so a fast command could close the channel first, which a paramiko client takes as a refused
+    request (`Channel closed.`); the client's EOF (every client here closes stdin once the exec is
+    acknowledged) says the reply is out."""
     done = subprocess.run(["sh", "-c", command], capture_output=True, stdin=subprocess.DEVNULL, check=False)
     finished.append(command)
+    deadline = time.monotonic() + 10
+    while not (channel.eof_received or channel.closed) and time.monotonic() < deadline:
+        time.sleep(0.001)
     try:
         channel.sendall(done.stdout)
         channel.sendall_stderr(done.stderr)

@@ -242,7 +242,7 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         exec_start_pre="/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
         exec_start="/v/bin/sglang serve --config /run/sglang/secrets.yaml",
         store_mount=None,
-        record_start=record_start(("/etc/systemd/system/sglang.service", "/etc/pvegpu/sglang.env")),
+        record_start=record_start(("/etc/systemd/system/sglang.service", "/etc/pvegpu/sglang.env"), "/v"),
     )
     assert text.splitlines()[7:19] == [
         "User=sglang",
@@ -252,8 +252,9 @@ def test_unit_file_with_keys_loads_them_as_credentials_for_the_config_script() -
         "LoadCredential=admin-api-key:/root/admin",
         "# What it starts from, at every start (pvegpu/plan/sglang_started.py): a run restarts it from this "
         "record.",
-        'ExecStartPre=-+/bin/sh -c "sha256sum -z -- \\"$$@\\" > /run/pvegpu-sglang.started" sh '
-        "/etc/systemd/system/sglang.service /etc/pvegpu/sglang.env",
+        'ExecStartPre=-+/bin/sh -c "sha256sum -z -- \\"$$@\\" \\"$$0\\"/lib/python*/site-packages/'
+        'sglang-*.dist-info/METADATA > /run/pvegpu-sglang.started" /v /etc/systemd/system/sglang.service '
+        "/etc/pvegpu/sglang.env",
         "RuntimeDirectory=sglang",
         "RuntimeDirectoryMode=0700",
         "ExecStartPre=/v/bin/python /usr/local/lib/pvegpu/sglang-secrets.py",
@@ -330,7 +331,7 @@ def test_unit_file_of_the_nodes_mounted_store_needs_the_mount() -> None:
         exec_start_pre=None,
         exec_start="/v/bin/sglang serve",
         store_mount="srv-models-GLM\\x2d5.mount",
-        record_start=record_start(("/etc/systemd/system/srv-models-GLM\\x2d5.mount",)),
+        record_start=record_start(("/etc/systemd/system/srv-models-GLM\\x2d5.mount",), "/v"),
     )
     assert text.splitlines()[:6] == [
         "# Managed by pvegpu (role sglang). SGLang 0.5.23 serving glm-5 from /srv/models/GLM-5.",
@@ -342,6 +343,7 @@ def test_unit_file_of_the_nodes_mounted_store_needs_the_mount() -> None:
     ]
     # systemd unquotes the doubled backslash to the unit name's one: the record names the file itself.
     assert (
-        'ExecStartPre=-+/bin/sh -c "sha256sum -z -- \\"$$@\\" > /run/pvegpu-sglang.started" sh '
+        'ExecStartPre=-+/bin/sh -c "sha256sum -z -- \\"$$@\\" \\"$$0\\"/lib/python*/site-packages/'
+        'sglang-*.dist-info/METADATA > /run/pvegpu-sglang.started" /v '
         '"/etc/systemd/system/srv-models-GLM\\\\x2d5.mount"'
     ) in text.splitlines()
